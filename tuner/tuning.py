@@ -1,0 +1,339 @@
+"""Use cases on jobs, traffic and trials: what the API, the CLI and the runners call.
+
+Functions take a Session and never commit: the caller owns the transaction (the API's request session, or
+``store.db.transaction`` in a runner).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.orm import Session
+
+from tuner.domain import (
+    Engine,
+    JobSpec,
+    JobStatus,
+    Proposal,
+    TrafficRequest,
+    TrialResult,
+    TrialStatus,
+    fingerprint,
+    from_jsonable,
+    to_jsonable,
+)
+from tuner.errors import Conflict, InvalidInput, NotFound
+from tuner.store.models import JobRow, TrafficSampleRow, TrialRow, WorkerRow
+from tuner.traffic import requests_from_json, requests_to_json, sample_fingerprint, sample_stats
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(dt: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes for timezone-aware columns; they were written in UTC."""
+    if dt is not None and dt.tzinfo is None:
+        return dt.replace(tzinfo=UTC)
+    return dt
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+# --------------------------------------------------------------------------------------------------
+# Traffic
+# --------------------------------------------------------------------------------------------------
+def create_traffic(
+    session: Session,
+    requests: Sequence[TrafficRequest],
+    *,
+    name: str | None = None,
+    retention_days: float | None = None,
+) -> TrafficSampleRow:
+    if not requests:
+        raise InvalidInput("the traffic sample holds no request", errors=[{"field": "traffic"}])
+    stats = sample_stats(requests)
+    now = _now()
+    row = TrafficSampleRow(
+        id=new_id(),
+        name=name,
+        content=requests_to_json(requests),
+        fingerprint=sample_fingerprint(requests),
+        workload_class=stats.workload_class,
+        request_count=len(requests),
+        stats=to_jsonable(stats) | {"workload_class": stats.workload_class},
+        created_at=now,
+        expires_at=now + timedelta(days=retention_days) if retention_days else None,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_traffic(session: Session, traffic_id: str) -> TrafficSampleRow:
+    row = session.get(TrafficSampleRow, traffic_id)
+    if row is None:
+        raise NotFound(f"no traffic sample {traffic_id}")
+    return row
+
+
+def traffic_requests(session: Session, traffic_id: str) -> list[TrafficRequest]:
+    row = get_traffic(session, traffic_id)
+    if row.content is None:
+        raise Conflict(f"traffic sample {traffic_id} had its prompts deleted; upload it again to tune on it")
+    return requests_from_json(row.content)
+
+
+def delete_traffic_content(session: Session, traffic_id: str) -> TrafficSampleRow:
+    """Remove the prompts (they can hold user data); keep stats and fingerprint for recommendations."""
+    row = get_traffic(session, traffic_id)
+    if row.content is not None:
+        row.content = None
+        row.content_deleted_at = _now()
+    return row
+
+
+def purge_expired_traffic(session: Session, now: datetime | None = None) -> int:
+    now = now or _now()
+    rows = session.scalars(
+        select(TrafficSampleRow).where(
+            TrafficSampleRow.expires_at.is_not(None),
+            TrafficSampleRow.expires_at <= now,
+            TrafficSampleRow.content.is_not(None),
+        )
+    ).all()
+    for row in rows:
+        row.content = None
+        row.content_deleted_at = now
+    return len(rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# Jobs
+# --------------------------------------------------------------------------------------------------
+def submit_job(session: Session, spec: JobSpec, *, idempotency_key: str | None = None) -> tuple[JobRow, bool]:
+    """Queue a job. With an idempotency key, a retried POST of the same body returns the same job."""
+    body = to_jsonable(spec)
+    body_fp = fingerprint(body)
+    if idempotency_key:
+        existing = session.scalars(select(JobRow).where(JobRow.idempotency_key == idempotency_key)).first()
+        if existing is not None:
+            if existing.request_fingerprint != body_fp:
+                raise Conflict("this Idempotency-Key was already used with a different request body")
+            return existing, False
+    traffic = get_traffic(session, spec.traffic_id)
+    if traffic.content is None:
+        raise Conflict(f"traffic sample {spec.traffic_id} had its prompts deleted")
+    row = JobRow(
+        id=new_id(),
+        model=spec.model.name,
+        revision=spec.model.revision,
+        hardware=spec.hardware,
+        engine=spec.engine.value,
+        traffic_id=spec.traffic_id,
+        objective=spec.objective.value,
+        slo=body["slo"],
+        levels=body["levels"],
+        budget=body["budget"],
+        spec=body,
+        status=JobStatus.QUEUED.value,
+        idempotency_key=idempotency_key,
+        request_fingerprint=body_fp,
+        created_at=_now(),
+        progress={"trials_finished": 0, "trials_failed": 0, "max_trials": spec.budget.max_trials},
+    )
+    session.add(row)
+    session.flush()
+    return row, True
+
+
+def job_spec(row: JobRow) -> JobSpec:
+    return from_jsonable(JobSpec, row.spec)
+
+
+def get_job(session: Session, job_id: str) -> JobRow:
+    row = session.get(JobRow, job_id)
+    if row is None:
+        raise NotFound(f"no tune job {job_id}")
+    return row
+
+
+def list_trials(session: Session, job_id: str) -> list[TrialRow]:
+    get_job(session, job_id)
+    return list(session.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.number)))
+
+
+def request_cancel(session: Session, job_id: str) -> JobRow:
+    """Cancel from any process: a queued job ends now, a running one is stopped by its runner."""
+    row = get_job(session, job_id)
+    if JobStatus(row.status).is_finished():
+        raise Conflict(f"job {job_id} is already {row.status}")
+    row.cancel_requested = True
+    if row.status == JobStatus.QUEUED.value:
+        row.status = JobStatus.CANCELLED.value
+        row.finished_at = _now()
+    return row
+
+
+def claim_job(session: Session, worker: str, *, stale_after_s: float, job_id: str | None = None) -> JobRow | None:
+    """Atomically claim one queued job, or a running one whose runner stopped heart-beating.
+
+    The claim is a conditional UPDATE whose WHERE repeats the eligibility test, so of two runners racing for
+    the same row exactly one sees rowcount 1 (on SQLite and PostgreSQL alike).
+    """
+    now = _now()
+    stale = now - timedelta(seconds=stale_after_s)
+    eligible = or_(
+        JobRow.status == JobStatus.QUEUED.value,
+        and_(JobRow.status == JobStatus.RUNNING.value, or_(JobRow.heartbeat_at.is_(None), JobRow.heartbeat_at < stale)),
+    )
+    query = select(JobRow.id).where(eligible, JobRow.cancel_requested.is_(False)).order_by(JobRow.created_at)
+    if job_id is not None:
+        query = query.where(JobRow.id == job_id)
+    for candidate in session.scalars(query.limit(5)).all():
+        res = session.execute(
+            update(JobRow)
+            .where(JobRow.id == candidate, eligible, JobRow.cancel_requested.is_(False))
+            .values(
+                status=JobStatus.RUNNING.value,
+                claimed_by=worker,
+                heartbeat_at=now,
+                attempts=JobRow.attempts + 1,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if res.rowcount == 1:  # type: ignore[attr-defined]
+            row = session.get(JobRow, candidate, populate_existing=True)
+            assert row is not None
+            if row.started_at is None:
+                row.started_at = now
+            return row
+    return None
+
+
+def heartbeat(session: Session, job_id: str, worker: str) -> tuple[bool, bool]:
+    """Refresh the claim. Returns (still ours, cancel requested)."""
+    res = session.execute(
+        update(JobRow)
+        .where(JobRow.id == job_id, JobRow.claimed_by == worker, JobRow.status == JobStatus.RUNNING.value)
+        .values(heartbeat_at=_now())
+        .execution_options(synchronize_session=False)
+    )
+    cancel = session.scalar(select(JobRow.cancel_requested).where(JobRow.id == job_id))
+    return res.rowcount == 1, bool(cancel)  # type: ignore[attr-defined]
+
+
+def finish_job(
+    session: Session, job_id: str, worker: str, status: JobStatus, *, error: str | None = None
+) -> bool:
+    res = session.execute(
+        update(JobRow)
+        .where(JobRow.id == job_id, JobRow.claimed_by == worker, JobRow.status == JobStatus.RUNNING.value)
+        .values(status=status.value, error=error, finished_at=_now())
+        .execution_options(synchronize_session=False)
+    )
+    return res.rowcount == 1  # type: ignore[attr-defined]
+
+
+def set_progress(session: Session, job_id: str, progress: dict, best: dict | None) -> None:
+    row = get_job(session, job_id)
+    row.progress = progress
+    if best is not None:
+        row.best = best
+
+
+# --------------------------------------------------------------------------------------------------
+# Trials
+# --------------------------------------------------------------------------------------------------
+def start_trial(session: Session, job_id: str, proposal: Proposal, *, levels: list, worker: str) -> TrialRow:
+    """Record a trial as running before anything is launched (so a recoverer knows of it)."""
+    row = session.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.number == proposal.number)).first()
+    if row is not None and TrialStatus(row.status).is_finished():
+        raise Conflict(f"trial {proposal.number} of job {job_id} already finished")
+    if row is None:
+        row = TrialRow(job_id=job_id, number=proposal.number)
+        session.add(row)
+    row.purpose = proposal.purpose
+    row.method = proposal.spec.method.value
+    row.config = to_jsonable(proposal.spec)
+    row.levels = levels
+    row.status = TrialStatus.RUNNING.value
+    row.engine = ""
+    row.worker = worker
+    row.started_at = _now()
+    session.flush()
+    return row
+
+
+def set_trial_pgid(session: Session, job_id: str, number: int, pgid: int) -> None:
+    session.execute(
+        update(TrialRow)
+        .where(TrialRow.job_id == job_id, TrialRow.number == number)
+        .values(pgid=pgid)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def finish_trial(session: Session, job_id: str, number: int, result: TrialResult) -> TrialRow | None:
+    """Store a result once. A second result for a finished trial is ignored (no result stored twice)."""
+    row = session.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.number == number)).first()
+    if row is None or TrialStatus(row.status).is_finished():
+        return None
+    now = _now()
+    row.status = result.status.value
+    row.engine = result.engine.value
+    row.result = to_jsonable(result)
+    row.failure_class = result.failure.cls.value if result.failure else None
+    row.failure_reason = result.failure.reason if result.failure else None
+    row.log_path = result.log_path
+    row.pgid = result.pgid if result.pgid is not None else row.pgid
+    row.finished_at = now
+    started = _aware(row.started_at)
+    row.duration_s = result.wall_s if result.wall_s is not None else (now - started).total_seconds() if started else None
+    return row
+
+
+def trial_result(row: TrialRow) -> TrialResult | None:
+    return from_jsonable(TrialResult, row.result) if row.result else None
+
+
+def abandoned_trials(session: Session, job_id: str) -> list[TrialRow]:
+    return list(
+        session.scalars(
+            select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.status == TrialStatus.RUNNING.value)
+        )
+    )
+
+
+def mark_trial_abandoned(session: Session, row: TrialRow, reason: str) -> None:
+    """A trial whose runner died: failed as infrastructure, so the number is never reused for a result."""
+    row.status = TrialStatus.FAILED.value
+    row.failure_class = "infrastructure"
+    row.failure_reason = reason
+    row.finished_at = _now()
+    row.engine = row.engine or "unknown"
+
+
+# --------------------------------------------------------------------------------------------------
+# Workers
+# --------------------------------------------------------------------------------------------------
+def report_worker(session: Session, name: str, report: dict) -> None:
+    row = session.get(WorkerRow, name)
+    if row is None:
+        row = WorkerRow(name=name, report=report)
+        session.add(row)
+    row.report = report
+    row.hardware = report.get("hardware")
+    row.vllm_version = report.get("vllm_version")
+    row.driver = report.get("driver")
+    row.last_seen = _now()
+
+
+def engine_label(engine: str) -> str:
+    return "SIMULATED (not a measurement)" if engine == Engine.SIMULATED.value else engine
+
