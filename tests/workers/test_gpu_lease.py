@@ -1,0 +1,127 @@
+"""The GPU lease across threads and real processes: disjoint groups, released on close and on death."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from tuner.workers.gpu_lease import GpuLease
+
+# A child process that takes a group and reports it, then holds it until killed or told to exit.
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from tuner.workers.gpu_lease import GpuLease
+    lease = GpuLease(sys.argv[1])
+    group = lease.acquire(int(sys.argv[2]), range(int(sys.argv[3])), timeout=float(sys.argv[4]), label="child")
+    print("GOT", ",".join(map(str, group.gpus)) if group else "NONE", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def _spawn(lease_dir, n, total, timeout):
+    return subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lease_dir), str(n), str(total), str(timeout)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _got(proc) -> tuple[int, ...] | None:
+    line = proc.stdout.readline().split()
+    assert line and line[0] == "GOT", line
+    return None if line[1] == "NONE" else tuple(int(x) for x in line[1].split(","))
+
+
+def test_aligned_groups_and_release(tmp_path):
+    lease = GpuLease(tmp_path)
+    a = lease.acquire(2, range(8), timeout=0)
+    b = lease.acquire(4, range(8), timeout=0)
+    assert a.gpus == (0, 1) and b.gpus == (4, 5, 6, 7)
+    assert lease.free(range(8)) == (2, 3)
+    assert lease.acquire(4, range(8), timeout=0) is None
+    assert "pid=" in lease.holders(range(8))[0]
+    a.close()
+    c = lease.acquire(4, range(8), timeout=0)
+    assert c.gpus == (0, 1, 2, 3)
+    b.close()
+    c.close()
+    assert lease.free(range(8)) == tuple(range(8))
+
+
+def test_non_adjacent_group_still_forms(tmp_path):
+    lease = GpuLease(tmp_path)
+    held = [lease.acquire(1, [g], timeout=0) for g in (1, 3)]
+    group = lease.acquire(2, range(4), timeout=0)
+    assert group.gpus == (0, 2)
+    for g in [*held, group]:
+        g.close()
+
+
+def test_threads_never_share_a_gpu(tmp_path):
+    lease = GpuLease(tmp_path)
+    in_use: set[int] = set()
+    guard = threading.Lock()
+    errors: list[str] = []
+
+    def worker():
+        for _ in range(20):
+            group = lease.acquire(2, range(4), timeout=10)
+            with guard:
+                if in_use & set(group.gpus):
+                    errors.append(f"overlap {group.gpus} {in_use}")
+                in_use.update(group.gpus)
+            time.sleep(0.002)
+            with guard:
+                in_use.difference_update(group.gpus)
+            group.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+
+
+def test_processes_get_disjoint_groups_and_death_releases(tmp_path):
+    procs = [_spawn(tmp_path, 2, 4, 10) for _ in range(2)]
+    try:
+        groups = [_got(p) for p in procs]
+        assert groups[0] and groups[1] and not set(groups[0]) & set(groups[1])
+        # The host is full: a third process gets nothing within its timeout ...
+        third = _spawn(tmp_path, 1, 4, 0.3)
+        assert _got(third) is None
+        third.communicate("\n", timeout=10)
+        # ... and this process neither.
+        lease = GpuLease(tmp_path)
+        assert lease.free(range(4)) == ()
+        # SIGKILL one holder: its flocks die with it, no cleanup code runs.
+        os.kill(procs[0].pid, signal.SIGKILL)
+        procs[0].wait(timeout=10)
+        group = lease.acquire(2, range(4), timeout=5)
+        assert group is not None and set(group.gpus) == set(groups[0])
+        group.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.communicate("\n", timeout=10)
+
+
+def test_waiter_gets_group_when_released(tmp_path):
+    lease = GpuLease(tmp_path)
+    held = lease.acquire(2, range(2), timeout=0)
+    waiter = _spawn(tmp_path, 2, 2, 20)
+    try:
+        time.sleep(0.2)  # let the child start waiting (it cannot get the group while we hold it)
+        held.close()
+        assert _got(waiter) == (0, 1)
+    finally:
+        waiter.communicate("\n", timeout=10)
