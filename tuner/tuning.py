@@ -17,6 +17,8 @@ from tuner.domain import (
     Engine,
     JobSpec,
     JobStatus,
+    LoadKind,
+    LoadLevel,
     Proposal,
     TrafficRequest,
     TrialResult,
@@ -228,9 +230,7 @@ def heartbeat(session: Session, job_id: str, worker: str) -> tuple[bool, bool]:
     return res.rowcount == 1, bool(cancel)  # type: ignore[attr-defined]
 
 
-def finish_job(
-    session: Session, job_id: str, worker: str, status: JobStatus, *, error: str | None = None
-) -> bool:
+def finish_job(session: Session, job_id: str, worker: str, status: JobStatus, *, error: str | None = None) -> bool:
     res = session.execute(
         update(JobRow)
         .where(JobRow.id == job_id, JobRow.claimed_by == worker, JobRow.status == JobStatus.RUNNING.value)
@@ -294,7 +294,9 @@ def finish_trial(session: Session, job_id: str, number: int, result: TrialResult
     row.pgid = result.pgid if result.pgid is not None else row.pgid
     row.finished_at = now
     started = _aware(row.started_at)
-    row.duration_s = result.wall_s if result.wall_s is not None else (now - started).total_seconds() if started else None
+    row.duration_s = (
+        result.wall_s if result.wall_s is not None else (now - started).total_seconds() if started else None
+    )
     return row
 
 
@@ -304,9 +306,7 @@ def trial_result(row: TrialRow) -> TrialResult | None:
 
 def abandoned_trials(session: Session, job_id: str) -> list[TrialRow]:
     return list(
-        session.scalars(
-            select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.status == TrialStatus.RUNNING.value)
-        )
+        session.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.status == TrialStatus.RUNNING.value))
     )
 
 
@@ -337,3 +337,14 @@ def report_worker(session: Session, name: str, report: dict) -> None:
 def engine_label(engine: str) -> str:
     return "SIMULATED (not a measurement)" if engine == Engine.SIMULATED.value else engine
 
+
+DEFAULT_CONCURRENCIES = (1, 8, 32, 128)
+
+
+def default_levels(request_count: int, num_requests: int = 32, warmup_requests: int = 2) -> tuple[LoadLevel, ...]:
+    """Concurrency levels when the job names none: 1, 8, 32, 128, kept to what the sample can keep busy."""
+    usable = [c for c in DEFAULT_CONCURRENCIES if c <= max(1, request_count)] or [1]
+    return tuple(
+        LoadLevel(LoadKind.CONCURRENCY, c, num_requests=max(num_requests, 2 * c), warmup_requests=warmup_requests)
+        for c in usable
+    )

@@ -1,0 +1,58 @@
+"""The FastAPI application: ``create_app(settings)``. Engines are made in the lifespan, never at import."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from tuner.api import errors
+from tuner.api.metrics import StoreCollector
+from tuner.api.routes import health, recommendation, traffic, tune
+from tuner.settings import AuthMode, Settings
+from tuner.store.db import make_engine, make_session_factory
+
+log = logging.getLogger("tuner.api")
+
+# Something with start()/stop() run beside the API (the in-process job runner); built from the session factory.
+BackgroundFactory = Callable[[Settings, Any], Any]
+
+
+def create_app(settings: Settings | None = None, *, background: BackgroundFactory | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.db_url)
+        factory = make_session_factory(engine)
+        app.state.settings = settings
+        app.state.session_factory = factory
+        registry = CollectorRegistry()
+        registry.register(StoreCollector(factory))
+        app.state.registry = registry
+        if settings.auth is AuthMode.OPEN:
+            log.warning("AUTH IS OFF (TUNER_AUTH=open): every client can tune and read. Use only for local work.")
+        runner = background(settings, factory) if background else None
+        if runner is not None:
+            runner.start()
+        try:
+            yield
+        finally:
+            if runner is not None:
+                runner.stop()
+            engine.dispose()
+
+    app = FastAPI(
+        title="spec-tuner",
+        version="0.1.0",
+        summary="Find the best vLLM speculative-decoding configuration for a model, workload and GPU by measuring it.",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    for module in (tune, traffic, recommendation, health):
+        app.include_router(module.router)
+    return app

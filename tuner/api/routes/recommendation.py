@@ -1,0 +1,36 @@
+"""GET /recommendation: the best measured configuration, ready to deploy, with its evidence."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from tuner import recommendations
+from tuner.api.deps import CanRead, SessionDep
+from tuner.domain import Engine
+
+router = APIRouter(tags=["recommendation"])
+
+
+@router.get("/recommendation", dependencies=[CanRead])
+def get_recommendation(
+    session: SessionDep,
+    model: Annotated[str, Query(min_length=1, max_length=500)],
+    hardware: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9_-]{0,49}$")] = None,
+    concurrency: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+    workload: Annotated[
+        str | None, Query(max_length=200, description="Workload class, fingerprint or sample id")
+    ] = None,
+    engine: Annotated[Engine, Query(description="Simulated results answer only when asked for")] = Engine.VLLM,
+    revision: Annotated[str | None, Query(max_length=200)] = None,
+) -> dict[str, Any]:
+    return recommendations.find(
+        session,
+        model=model,
+        hardware=hardware,
+        concurrency=concurrency,
+        workload=workload,
+        engine=engine,
+        revision=revision,
+    )

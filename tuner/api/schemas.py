@@ -1,0 +1,216 @@
+"""Request and response bodies. Unknown fields are refused (422 naming them); values become domain objects."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tuner.domain import (
+    SERVING_ARG_TYPES,
+    SLO,
+    Budget,
+    Engine,
+    LoadKind,
+    LoadLevel,
+    Method,
+    Objective,
+    ServingConfig,
+    env_name_allowed,
+)
+
+PositiveMs = Annotated[float, Field(gt=0, le=3_600_000)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SLOIn(Strict):
+    p99_ttft_ms: PositiveMs | None = None
+    p99_tpot_ms: PositiveMs | None = None
+    p99_itl_ms: PositiveMs | None = None
+    p99_e2e_ms: PositiveMs | None = None
+
+    def to_domain(self) -> SLO:
+        return SLO(**self.model_dump())
+
+
+class BudgetIn(Strict):
+    max_trials: int = Field(default=12, ge=1, le=500, description="Search trials (confirmation runs come on top).")
+    max_wall_s: float | None = Field(default=None, gt=0, le=7 * 86400)
+
+    def to_domain(self) -> Budget:
+        return Budget(**self.model_dump())
+
+
+class SearchIn(Strict):
+    methods: list[Method] | None = Field(default=None, min_length=1, description="Restrict the search to these.")
+    depth_range: tuple[int, int] | None = Field(default=None, description="Inclusive [min, max] speculative depth.")
+    drafts: dict[Method, list[str]] = Field(default_factory=dict, description="Draft checkpoints per method.")
+
+    @field_validator("depth_range")
+    @classmethod
+    def _range(cls, v: tuple[int, int] | None) -> tuple[int, int] | None:
+        if v is not None and not (1 <= v[0] <= v[1] <= 32):
+            raise ValueError("depth_range must satisfy 1 <= min <= max <= 32")
+        return v
+
+    @field_validator("drafts")
+    @classmethod
+    def _drafts(cls, v: dict[Method, list[str]]) -> dict[Method, list[str]]:
+        for method, paths in v.items():
+            if not method.needs_draft_checkpoint and method is not Method.MTP and method is not Method.DSPARK:
+                raise ValueError(f"method {method.value} takes no draft checkpoint")
+            if any(not p or len(p) > 500 for p in paths):
+                raise ValueError("draft checkpoints must be non-empty HF ids or paths")
+        return v
+
+
+class ServingIn(Strict):
+    """The production serving configuration the trials reproduce (allowlisted; see GET /docs)."""
+
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="vLLM serve arguments, snake_case, from the allowlist: " + ", ".join(sorted(SERVING_ARG_TYPES)),
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Environment such as VLLM_ROCM_USE_AITER=1.")
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in v.items():
+            key = name.lstrip("-").replace("-", "_")
+            typ = SERVING_ARG_TYPES.get(key)
+            if typ is None:
+                raise ValueError(f"'{name}' is not an allowed vLLM argument")
+            ok = isinstance(value, typ) and not (typ is not bool and isinstance(value, bool))
+            if typ is float and isinstance(value, int) and not isinstance(value, bool):
+                ok, value = True, float(value)
+            if not ok:
+                raise ValueError(f"'{name}' must be of type {typ.__name__}")
+            if isinstance(value, str) and (not value or len(value) > 2000):
+                raise ValueError(f"'{name}' must be a non-empty string")
+            out[key] = value
+        tp = out.get("tensor_parallel_size", 1)
+        if not 1 <= tp <= 64:
+            raise ValueError("tensor_parallel_size must be between 1 and 64")
+        gmu = out.get("gpu_memory_utilization")
+        if gmu is not None and not 0 < gmu <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        return out
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not env_name_allowed(name):
+                raise ValueError(f"environment variable '{name}' is not allowed")
+        return v
+
+    def to_domain(self) -> ServingConfig:
+        return ServingConfig(args=self.args, env=self.env)
+
+
+class TuneIn(Strict):
+    model: str = Field(min_length=1, max_length=500, description="HF model id, or a path that exists on the workers.")
+    revision: str | None = Field(default=None, max_length=200)
+    trust_remote_code: bool = False
+    traffic: str | list[dict[str, Any]] = Field(
+        description="The id of an uploaded sample (POST /traffic), or inline requests in any accepted format."
+    )
+    hardware: str = Field(default="auto", pattern=r"^[a-z0-9][a-z0-9_-]{0,49}$")
+    engine: Engine = Engine.VLLM
+    objective: Objective = Objective.THROUGHPUT
+    slo: SLOIn = Field(default_factory=SLOIn)
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(default=None, min_length=1, max_length=16)
+    request_rate: list[Annotated[float, Field(gt=0, le=10_000)]] | None = Field(default=None, min_length=1)
+    timed_replay: bool = Field(default=False, description="Replay the sample's own arrival times.")
+    num_requests: int = Field(default=32, ge=1, le=100_000, description="Measured requests per load level.")
+    warmup_requests: int = Field(default=2, ge=0, le=1000)
+    duration_s: float | None = Field(default=None, gt=0, le=86400)
+    budget: BudgetIn = Field(default_factory=BudgetIn)
+    search: SearchIn = Field(default_factory=SearchIn)
+    serving: ServingIn = Field(default_factory=ServingIn)
+    hf_config: dict[str, Any] | None = Field(default=None, description="The model's config.json, if not on workers.")
+    confirm_runs: int | None = Field(default=None, ge=1, le=10)
+    correctness_prompts: int = Field(default=4, ge=0, le=64)
+    seed: int = Field(default=0, ge=0)
+
+    @field_validator("traffic")
+    @classmethod
+    def _traffic(cls, v: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("traffic must be a sample id or a non-empty list of requests")
+        if isinstance(v, list) and not v:
+            raise ValueError("traffic must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _one_load_kind(self) -> TuneIn:
+        kinds = sum(x for x in (self.concurrency is not None, self.request_rate is not None, self.timed_replay))
+        if kinds > 1:
+            raise ValueError("give one of concurrency, request_rate or timed_replay")
+        return self
+
+    def levels(self) -> tuple[LoadLevel, ...]:
+        common = dict(num_requests=self.num_requests, warmup_requests=self.warmup_requests, duration_s=self.duration_s)
+        if self.request_rate:
+            return tuple(LoadLevel(LoadKind.RATE, r, **common) for r in sorted(set(self.request_rate)))
+        if self.timed_replay:
+            return (LoadLevel(LoadKind.TIMESTAMPS, 0, **common),)
+        if self.concurrency:
+            return tuple(LoadLevel(LoadKind.CONCURRENCY, c, **common) for c in sorted(set(self.concurrency)))
+        return ()
+
+
+class JobOut(BaseModel):
+    id: str
+    status: str
+    model: str
+    revision: str | None
+    hardware: str
+    engine: str
+    simulated: bool
+    objective: str
+    traffic_id: str
+    progress: dict[str, Any] | None
+    best: dict[str, Any] | None
+    error: str | None
+    cancel_requested: bool
+    created_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    links: dict[str, str]
+
+
+class TrialOut(BaseModel):
+    number: int
+    purpose: str
+    method: str
+    speculative_config: dict[str, Any] | None
+    status: str
+    engine: str
+    simulated: bool
+    failure_class: str | None
+    failure_reason: str | None
+    log_path: str | None
+    worker: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_s: float | None
+    result: dict[str, Any] | None
+
+
+class TrafficOut(BaseModel):
+    id: str
+    name: str | None
+    fingerprint: str
+    workload_class: str
+    request_count: int
+    stats: dict[str, Any]
+    prompts_deleted: bool
+    created_at: datetime | None
+    expires_at: datetime | None

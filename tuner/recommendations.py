@@ -1,0 +1,339 @@
+"""Publish a finished search as recommendations, and answer ``GET /recommendation``.
+
+A job publishes one row for the whole concurrency range (the schedule when the search produced one, else the
+static best) and one row per measured level range with that level's winner. Rows are never updated: past
+recommendations stay as history, the newest answers. Simulated rows only answer queries asking for them.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tuner.domain import (
+    ConcurrencyRange,
+    Engine,
+    JobSpec,
+    LevelResult,
+    Recommendation,
+    SpecConfig,
+    TrialResult,
+    TuneOutcome,
+    fingerprint,
+    from_jsonable,
+    to_jsonable,
+)
+from tuner.errors import NotFound
+from tuner.store.models import JobRow, RecommendationRow, TrafficSampleRow, WorkerRow
+
+MAX_HISTORY = 20
+
+
+def level_ranges(concurrencies: Sequence[int], upper: int | None = None) -> list[ConcurrencyRange]:
+    """Split 1..upper into ranges around each measured concurrency (boundaries at geometric midpoints)."""
+    cs = sorted(set(concurrencies))
+    ranges: list[ConcurrencyRange] = []
+    low = 1
+    for i, c in enumerate(cs):
+        if i + 1 < len(cs):
+            high = max(c, int((c * cs[i + 1]) ** 0.5))
+            ranges.append(ConcurrencyRange(low, high))
+            low = high + 1
+        else:
+            ranges.append(ConcurrencyRange(low, upper))
+    return ranges
+
+
+def _latency(levels: Sequence[LevelResult]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for lr in levels:
+        out[lr.level.label] = {
+            "output_throughput": lr.output_throughput,
+            "request_throughput": lr.request_throughput,
+            "goodput": lr.goodput,
+            "ttft_ms": to_jsonable(lr.ttft_ms),
+            "tpot_ms": to_jsonable(lr.tpot_ms),
+            "itl_ms": to_jsonable(lr.itl_ms),
+            "e2e_ms": to_jsonable(lr.e2e_ms),
+            "achieved_concurrency": lr.achieved_concurrency,
+            "below_target": lr.below_target,
+            "errors": lr.errors,
+            "acceptance_length": lr.spec_decode.acceptance_length if lr.spec_decode else None,
+            "acceptance_per_position": list(lr.spec_decode.per_position_rate) if lr.spec_decode else None,
+        }
+    return out
+
+
+def _acceptance_length(results: Sequence[TrialResult]) -> float | None:
+    values = [
+        lr.spec_decode.acceptance_length
+        for r in results
+        for lr in r.levels
+        if lr.spec_decode and lr.spec_decode.num_drafts
+    ]
+    return statistics.fmean(values) if values else None
+
+
+def publish(
+    session: Session,
+    job: JobRow,
+    spec: JobSpec,
+    outcome: TuneOutcome,
+    results: Mapping[int, TrialResult],
+    traffic: TrafficSampleRow,
+) -> list[RecommendationRow]:
+    """Store the recommendations of a finished job (idempotent: a job publishes once)."""
+    existing = session.scalars(select(RecommendationRow).where(RecommendationRow.job_id == job.id)).all()
+    if existing:
+        return list(existing)
+    measured = [r for r in results.values() if r.levels]
+    vllm_version = next((r.vllm_version for r in measured if r.vllm_version), None)
+    hardware = next((r.hardware for r in measured if r.hardware), None) or spec.hardware
+    driver = None
+    if measured and measured[0].worker:
+        worker = session.get(WorkerRow, measured[0].worker)
+        driver = worker.driver if worker else None
+    deployed = outcome.schedule or outcome.best
+    confirm = [results[n] for n in outcome.confirm_trials if n in results and results[n].spec.key() == deployed.key()]
+    evidence = confirm or [results[n] for n in (outcome.best_trial,) if n is not None and n in results]
+    notes = list(outcome.notes)
+    if deployed.is_off:
+        notes.insert(0, "No speculation: nothing beat the no-speculation baseline beyond measurement noise.")
+    if spec.engine is Engine.SIMULATED:
+        notes.insert(0, "SIMULATED: figures come from the analytic model, not from a vLLM run.")
+    common = dict(
+        model=spec.model,
+        hardware=hardware,
+        vllm_version=vllm_version,
+        engine=spec.engine,
+        serving=spec.serving,
+        job_id=job.id,
+        workload_fingerprint=traffic.fingerprint,
+        workload_class=traffic.workload_class,
+    )
+    recs: list[tuple[str, Recommendation]] = [
+        (
+            "all",
+            Recommendation(
+                spec=deployed,
+                concurrency=ConcurrencyRange(1, None),
+                speedup=outcome.speedup,
+                acceptance_length=_acceptance_length(evidence),
+                latency=_latency(evidence[-1].levels) if evidence else {},
+                per_level_winners=outcome.per_level_winners,
+                notes=tuple(notes),
+                trial_numbers=tuple(
+                    n for n in (outcome.baseline_trial, outcome.best_trial, *outcome.confirm_trials) if n is not None
+                ),
+                **common,
+            ),
+        )
+    ]
+    concurrencies = [lvl.concurrency for lvl in spec.levels if lvl.concurrency]
+    winners = {w.level: w for w in outcome.per_level_winners}
+    for level, rng in zip(sorted(concurrencies), level_ranges(concurrencies), strict=True):
+        w = winners.get(f"c{level}")
+        if w is None:
+            continue
+        trial = results.get(w.trial_number) if w.trial_number is not None else None
+        level_spec = (
+            _static_at(deployed, level) if outcome.schedule and w.spec.key() == _base(deployed).key() else w.spec
+        )
+        confirmed = outcome.speedup is not None and _base(deployed).key() == _base(w.spec).key()
+        speedup_note = (
+            "speedup at this level from the confirmation runs"
+            if confirmed
+            else ("speedup at this level from a single search trial (unconfirmed)")
+        )
+        recs.append(
+            (
+                f"c{rng.low}-{rng.high if rng.high is not None else 'inf'}",
+                Recommendation(
+                    spec=level_spec if not w.spec.is_off else SpecConfig(),
+                    concurrency=rng,
+                    speedup=outcome.speedup if confirmed else None,
+                    acceptance_length=_acceptance_length([trial]) if trial else None,
+                    latency=_latency([lr for lr in trial.levels if lr.level.concurrency == level]) if trial else {},
+                    per_level_winners=(w,),
+                    notes=tuple(notes) + (speedup_note, f"level winner speedup {w.speedup:.3f}"),
+                    trial_numbers=(w.trial_number,) if w.trial_number is not None else (),
+                    **common,
+                ),
+            )
+        )
+    rows = []
+    for scope, rec in recs:
+        row = RecommendationRow(
+            job_id=job.id,
+            scope=scope,
+            model=rec.model.name,
+            revision=rec.model.revision,
+            hardware=rec.hardware,
+            vllm_version=rec.vllm_version,
+            driver=driver,
+            engine=rec.engine.value,
+            serving_key=fingerprint(rec.serving),
+            workload_fingerprint=traffic.fingerprint,
+            workload_class=traffic.workload_class,
+            traffic_id=traffic.id,
+            concurrency_low=rec.concurrency.low,
+            concurrency_high=rec.concurrency.high,
+            body=to_jsonable(rec),
+        )
+        session.add(row)
+        rows.append(row)
+    session.flush()
+    return rows
+
+
+def _base(spec: SpecConfig) -> SpecConfig:
+    """The method and draft without the schedule: the identity a schedule varies K over."""
+    data = spec.to_vllm() or {}
+    data.pop("num_speculative_tokens_per_batch_size", None)
+    data.pop("num_speculative_tokens", None)
+    return SpecConfig.from_vllm({**data, "num_speculative_tokens": 1}) if data else SpecConfig()
+
+
+def _static_at(schedule: SpecConfig, concurrency: int) -> SpecConfig:
+    k = schedule.k_at(concurrency)
+    if k == 0:
+        return SpecConfig.from_vllm(
+            {**(schedule.to_vllm() or {}), "num_speculative_tokens_per_batch_size": [[1, 1, 0]]}
+        )
+    data = dict(schedule.to_vllm() or {})
+    data.pop("num_speculative_tokens_per_batch_size", None)
+    data["num_speculative_tokens"] = k
+    return SpecConfig.from_vllm(data)
+
+
+def _version_tuple(v: str | None) -> tuple[int, ...]:
+    if not v:
+        return ()
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+def find(
+    session: Session,
+    *,
+    model: str,
+    hardware: str | None = None,
+    concurrency: int | None = None,
+    workload: str | None = None,
+    engine: Engine = Engine.VLLM,
+    revision: str | None = None,
+) -> dict[str, Any]:
+    """The newest matching recommendation, with its history and staleness, as the API returns it."""
+    q = select(RecommendationRow).where(RecommendationRow.model == model, RecommendationRow.engine == engine.value)
+    if hardware and hardware != "auto":
+        q = q.where(RecommendationRow.hardware == hardware)
+    if revision:
+        q = q.where(RecommendationRow.revision == revision)
+    if workload:
+        q = q.where(
+            (RecommendationRow.workload_class == workload)
+            | (RecommendationRow.workload_fingerprint == workload)
+            | (RecommendationRow.traffic_id == workload)
+        )
+    rows = list(session.scalars(q.order_by(RecommendationRow.created_at.desc(), RecommendationRow.id.desc())))
+    if concurrency is not None:
+        rows = [
+            r
+            for r in rows
+            if r.concurrency_low <= concurrency and (r.concurrency_high is None or concurrency <= r.concurrency_high)
+        ]
+        # The narrowest range that holds the concurrency is the most specific evidence.
+        rows.sort(key=lambda r: (r.scope == "all", -r.created_at.timestamp() if r.created_at else 0))
+    else:
+        rows = [r for r in rows if r.scope == "all"]
+    if not rows:
+        what = (
+            f"model {model!r}"
+            + (f" on {hardware}" if hardware else "")
+            + (f" at concurrency {concurrency}" if concurrency is not None else "")
+            + (f" for workload {workload!r}" if workload else "")
+            + ("" if engine is Engine.VLLM else " (simulated)")
+        )
+        raise NotFound(f"no {'simulated ' if engine is Engine.SIMULATED else 'measured '}recommendation for {what}")
+    best = rows[0]
+    return render(session, best, history=[r for r in rows[1:] if r.scope == best.scope][:MAX_HISTORY])
+
+
+def render(session: Session, row: RecommendationRow, history: Sequence[RecommendationRow] = ()) -> dict[str, Any]:
+    rec = from_jsonable(Recommendation, row.body)
+    stale, why = _staleness(session, row)
+    traffic = session.get(TrafficSampleRow, row.traffic_id)
+    job = session.get(JobRow, row.job_id)
+    speculative = rec.spec.to_vllm()
+    return {
+        "id": row.id,
+        "model": to_jsonable(rec.model),
+        "hardware": rec.hardware,
+        "vllm_version": rec.vllm_version,
+        "driver": row.driver,
+        "engine": rec.engine.value,
+        "simulated": rec.engine is Engine.SIMULATED,
+        "speculation": "off" if speculative is None else rec.spec.method.value,
+        "summary": _summary(rec),
+        "speculative_config": speculative,
+        "serve_args": ["vllm", *rec.serve_args()],
+        "serving": to_jsonable(rec.serving),
+        "concurrency": {"low": rec.concurrency.low, "high": rec.concurrency.high},
+        "scope": row.scope,
+        "speedup": to_jsonable(rec.speedup),
+        "acceptance_length": rec.acceptance_length,
+        "latency": rec.latency,
+        "per_level_winners": to_jsonable(rec.per_level_winners),
+        "notes": list(rec.notes),
+        "stale": stale,
+        "stale_reason": why,
+        "measured_on": {
+            "traffic_id": row.traffic_id,
+            "fingerprint": row.workload_fingerprint,
+            "workload_class": row.workload_class,
+            "request_count": traffic.request_count if traffic else None,
+        },
+        "provenance": {
+            "job_id": row.job_id,
+            "trial_numbers": list(rec.trial_numbers),
+            "created_at": row.created_at.isoformat() if row.created_at else None,
+            "objective": job.objective if job else None,
+        },
+        "history": [
+            {
+                "id": h.id,
+                "job_id": h.job_id,
+                "created_at": h.created_at.isoformat() if h.created_at else None,
+                "vllm_version": h.vllm_version,
+                "speculative_config": from_jsonable(Recommendation, h.body).spec.to_vllm(),
+            }
+            for h in history
+        ],
+    }
+
+
+def _summary(rec: Recommendation) -> str:
+    prefix = "[SIMULATED] " if rec.engine is Engine.SIMULATED else ""
+    if rec.spec.is_off:
+        return prefix + "Do not use speculative decoding: no configuration beat the baseline beyond noise."
+    sp = (
+        f"{rec.speedup.mean:.2f}x (range {rec.speedup.low:.2f}-{rec.speedup.high:.2f}, {rec.speedup.runs} runs)"
+        if (rec.speedup)
+        else "unconfirmed"
+    )
+    return f"{prefix}Use {rec.spec.label()}: {sp} over no speculation."
+
+
+def _staleness(session: Session, row: RecommendationRow) -> tuple[bool, str | None]:
+    workers = session.scalars(select(WorkerRow).where(WorkerRow.hardware == row.hardware)).all()
+    newest_v = max((w.vllm_version for w in workers if w.vllm_version), key=_version_tuple, default=None)
+    if newest_v and _version_tuple(newest_v) > _version_tuple(row.vllm_version):
+        return True, f"measured on vLLM {row.vllm_version}; workers for {row.hardware} now report {newest_v}"
+    newest_d = max((w.driver for w in workers if w.driver), key=_version_tuple, default=None)
+    if newest_d and row.driver and _version_tuple(newest_d) > _version_tuple(row.driver):
+        return True, f"measured on driver {row.driver}; workers now report {newest_d}"
+    return False, None
