@@ -1,0 +1,193 @@
+"""Server argv, process-group teardown and the runner's start-up failures, with stand-in processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from runner_support import assert_group_gone
+
+from tuner.domain import (
+    FailureClass,
+    LoadLevel,
+    ModelRef,
+    ServingConfig,
+    SpecConfig,
+    TrafficFormat,
+    TrafficRequest,
+    TrialContext,
+    TrialSpec,
+    TrialStatus,
+)
+from tuner.workers.options import RunnerOptions
+from tuner.workers.vllm_runner import VllmRunner
+from tuner.workers.vllm_server import (
+    ServerExited,
+    StartupTimeout,
+    VllmServer,
+    build_serve_argv,
+    free_port,
+    group_members,
+    kill_process_group,
+)
+
+PY = sys.executable
+
+
+def test_build_serve_argv_passes_the_spec_as_json() -> None:
+    spec = SpecConfig.from_vllm({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    serving = ServingConfig(args={"max_model_len": 512, "enforce_eager": True, "enable_prefix_caching": False})
+    argv = build_serve_argv(
+        ModelRef("org/m", revision="abc"), serving, spec, 8123, command=["vllm", "serve"], extra_args=["--x"]
+    )
+    assert argv[:8] == ["vllm", "serve", "--model", "org/m", "--host", "127.0.0.1", "--port", "8123"]
+    assert argv[8:10] == ["--revision", "abc"]
+    assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv and "--x" in argv
+    assert argv[argv.index("--max-model-len") + 1] == "512"
+    i = argv.index("--speculative-config")
+    assert json.loads(argv[i + 1]) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    assert i == len(argv) - 2
+
+
+def test_no_speculation_means_no_flag_but_k0_is_a_config() -> None:
+    off = build_serve_argv(ModelRef("m"), ServingConfig(), SpecConfig(), 1, command=["vllm", "serve"])
+    assert "--speculative-config" not in off
+    k0 = SpecConfig.from_vllm({"method": "ngram", "num_speculative_tokens": 0})
+    argv = build_serve_argv(ModelRef("m"), ServingConfig(), k0, 1, command=["vllm", "serve"])
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 0
+
+
+def _spawn_group(script: str, tmp_path: Path) -> VllmServer:
+    return VllmServer([PY, "-c", script], port=free_port(), log_path=tmp_path / "s.log", grace_s=1.0)
+
+
+def test_kill_process_group_takes_children_and_term_ignorers(tmp_path: Path) -> None:
+    # A leader with two children, one of which ignores SIGTERM: only SIGKILL after the grace ends it.
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)'])\n"
+        "time.sleep(60)\n"
+    )
+    server = _spawn_group(script, tmp_path)
+    with server:
+        deadline = time.monotonic() + 10
+        while len(group_members(server.pgid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(group_members(server.pgid)) == 3
+        while "1" not in server.log_tail() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the SIGTERM handler is installed
+    assert_group_gone(server.pgid)
+    assert kill_process_group(server.pgid) is True  # already gone: harmless
+
+
+def test_kill_process_group_refuses_init() -> None:
+    with pytest.raises(ValueError):
+        kill_process_group(1)
+
+
+def test_wait_ready_sees_the_process_die(tmp_path: Path) -> None:
+    server = _spawn_group("import sys; print('ValueError: nope'); sys.exit(3)", tmp_path)
+    with server, pytest.raises(ServerExited) as info:
+        server.wait_ready(30, poll_s=0.05)
+    assert info.value.returncode == 3
+    assert "ValueError: nope" in server.log_tail()
+
+
+def test_wait_ready_times_out_and_the_group_is_stopped(tmp_path: Path) -> None:
+    server = _spawn_group("import time; time.sleep(60)", tmp_path)
+    with server, pytest.raises(StartupTimeout):
+        server.wait_ready(0.5, poll_s=0.05)
+    assert_group_gone(server.pgid)
+
+
+def test_wait_ready_answers_when_health_is_200(tmp_path: Path) -> None:
+    port = free_port()
+    script = (
+        "import http.server\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "    def log_message(self, *a): pass\n"
+        f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n"
+    )
+    server = VllmServer([PY, "-c", script], port=port, log_path=tmp_path / "h.log", grace_s=1.0)
+    with server:
+        assert server.wait_ready(20, poll_s=0.05) < 20
+    assert_group_gone(server.pgid)
+
+
+# --- the runner's start-up failures, with a stand-in for vLLM ------------------------------------------
+FAKE_REFUSAL = """
+import sys
+print("Traceback (most recent call last):", file=sys.stderr)
+print("pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig", file=sys.stderr)
+print("  Value error, bad k [type=value_error, input_value=ArgsKwargs(()), input_type=ArgsKwargs]", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def _trial(**kw: object) -> TrialSpec:
+    return TrialSpec(
+        model=ModelRef("tiny"),
+        spec=SpecConfig.from_vllm({"method": "ngram", "num_speculative_tokens": 2}),
+        levels=(LoadLevel(num_requests=1),),
+        requests=(TrafficRequest(TrafficFormat.COMPLETIONS, prompt="x", output_tokens=4),),
+        **kw,
+    )
+
+
+def _runner(tmp_path: Path, script: str, **kw: object) -> VllmRunner:
+    path = tmp_path / "fake_vllm.py"
+    path.write_text(script)
+    return VllmRunner(RunnerOptions(vllm_command=(PY, str(path)), log_dir=str(tmp_path), stop_grace_s=1.0, **kw))
+
+
+def test_runner_reports_unsupported_with_vllms_message(tmp_path: Path) -> None:
+    pgids: list[int] = []
+    result = _runner(tmp_path, FAKE_REFUSAL)(_trial(), TrialContext(on_process_started=pgids.append))
+    assert result.status is TrialStatus.FAILED
+    assert result.failure is not None and result.failure.cls is FailureClass.UNSUPPORTED
+    assert "Value error, bad k" in result.failure.reason
+    assert "ValidationError" in result.failure.log_tail
+    assert result.pgid == pgids[0]
+    assert Path(result.log_path).exists()
+    assert_group_gone(result.pgid)
+
+
+def test_runner_startup_timeout_leaves_no_process(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, "import time; time.sleep(60)", startup_timeout_s=1.0)
+    result = runner(_trial())
+    assert result.failure is not None and result.failure.cls is FailureClass.STARTUP_TIMEOUT
+    assert_group_gone(result.pgid)
+
+
+def test_runner_cancel_during_startup(tmp_path: Path) -> None:
+    result = _runner(tmp_path, "import time; time.sleep(60)")(_trial(), TrialContext(is_cancelled=lambda: True))
+    assert result.status is TrialStatus.CANCELLED
+    assert result.failure is not None and result.failure.cls is FailureClass.CANCELLED
+    assert_group_gone(result.pgid)
+
+
+def test_runner_refuses_env_outside_the_allowlist(tmp_path: Path) -> None:
+    result = _runner(tmp_path, "raise SystemExit(0)")(_trial(serving=ServingConfig(env={"LD_PRELOAD": "x"})))
+    assert result.failure is not None and result.failure.cls is FailureClass.UNSUPPORTED
+    assert result.pgid is None
+
+
+def test_runner_passes_device_visibility(tmp_path: Path) -> None:
+    out = tmp_path / "env.json"
+    script = (
+        "import json, os, sys\n"
+        "names = ('CUDA_VISIBLE_DEVICES', 'HIP_VISIBLE_DEVICES')\n"
+        f"json.dump({{k: os.environ.get(k) for k in names}}, open({str(out)!r}, 'w'))\n"
+        "sys.exit(1)\n"
+    )
+    _runner(tmp_path, script)(_trial(gpu_ids=(2, 3)))
+    assert json.loads(out.read_text()) == {"CUDA_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "2,3"}
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") != "2,3"  # ours untouched

