@@ -67,16 +67,15 @@ def parse_traffic(data: bytes | str, filename: str | None = None) -> list[Traffi
         items = [(i + 1, item) for i, item in enumerate(doc)]
     else:
         items = []
-        errors: list[LineError] = []
+        bad: list[LineError] = []
         for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
                 items.append((n, json.loads(line)))
             except json.JSONDecodeError as e:
-                errors.append(LineError(n, f"invalid JSON: {e.msg}"))
-        if errors:
-            raise TrafficError(_summary(errors), errors)
+                bad.append(LineError(n, f"invalid JSON: {e.msg}"))
+        return _convert(items, bad)
     return _convert(items)
 
 
@@ -94,9 +93,10 @@ def _summary(errors: Sequence[LineError]) -> str:
     return f"malformed requests at line(s) {lines}{more}"
 
 
-def _convert(items: Sequence[tuple[int, Any]]) -> list[TrafficRequest]:
+def _convert(items: Sequence[tuple[int, Any]], bad: Sequence[LineError] = ()) -> list[TrafficRequest]:
+    """Convert every item, collecting every bad line (syntax and shape) so one answer names them all."""
     out: list[TrafficRequest] = []
-    errors: list[LineError] = []
+    errors: list[LineError] = list(bad)
     for n, item in items:
         try:
             req = request_from_json(item)
@@ -106,6 +106,7 @@ def _convert(items: Sequence[tuple[int, Any]]) -> list[TrafficRequest]:
         if req is not None:
             out.append(req)
     if errors:
+        errors.sort(key=lambda e: e.line)
         raise TrafficError(_summary(errors), errors)
     if not out:
         raise TrafficError("the traffic sample holds no usable request")

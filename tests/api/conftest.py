@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tuner.api.app import create_app
+from tuner.auth import create_token
+from tuner.settings import Settings
+from tuner.store.db import make_engine, make_session_factory, transaction
+
+
+@dataclass
+class Api:
+    client: TestClient
+    settings: Settings
+    tune: dict[str, str]  # headers of a token with both scopes
+    read: dict[str, str]  # headers of a read-only token
+    tune_only: dict[str, str]
+
+
+@pytest.fixture
+def settings(db_url: str, tmp_path: Path) -> Settings:
+    return Settings(database_url=db_url, data_dir=tmp_path, max_traffic_bytes=512 * 1024, in_process_runner=False)
+
+
+@pytest.fixture
+def api(settings: Settings) -> Iterator[Api]:
+    engine = make_engine(settings.db_url)
+    with transaction(make_session_factory(engine)) as s:
+        both = create_token(s, "ci", ["tune", "read"])
+        read = create_token(s, "reader", ["read"])
+        tune_only = create_token(s, "writer", ["tune"])
+    engine.dispose()
+    app = create_app(settings)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield Api(
+            client,
+            settings,
+            {"Authorization": f"Bearer {both}"},
+            {"Authorization": f"Bearer {read}"},
+            {"Authorization": f"Bearer {tune_only}"},
+        )

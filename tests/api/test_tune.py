@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import pytest
+
+from tests.api.conftest import Api
+from tests.api.test_traffic import BENCH, jsonl
+
+
+def upload(api: Api) -> str:
+    r = api.client.post("/traffic", content=jsonl(BENCH), headers=api.tune)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def body(traffic: str | list, **kw: object) -> dict:
+    return {"model": "org/model", "traffic": traffic, "engine": "simulated", "concurrency": [1, 8], **kw}
+
+
+def test_post_tune_is_202_with_location(api: Api) -> None:
+    r = api.client.post("/tune", json=body(upload(api)), headers=api.tune)
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert r.headers["location"] == f"/tune/{job['id']}"
+    assert job["status"] == "queued"
+    assert job["simulated"] is True
+    got = api.client.get(r.headers["location"], headers=api.read)
+    assert got.status_code == 200
+    assert got.json()["id"] == job["id"]
+    assert api.client.get(f"/tune/{job['id']}/trials", headers=api.read).json() == []
+
+
+def test_inline_traffic_creates_a_sample(api: Api) -> None:
+    r = api.client.post("/tune", json=body(BENCH), headers=api.tune)
+    assert r.status_code == 202, r.text
+    sample = api.client.get(f"/traffic/{r.json()['traffic_id']}", headers=api.read)
+    assert sample.json()["request_count"] == len(BENCH)
+
+
+def test_idempotency_key_returns_the_same_job(api: Api) -> None:
+    traffic = upload(api)
+    h = api.tune | {"Idempotency-Key": "abc-123"}
+    first = api.client.post("/tune", json=body(traffic), headers=h)
+    second = api.client.post("/tune", json=body(traffic), headers=h)
+    assert first.status_code == 202 and second.status_code == 200
+    assert first.json()["id"] == second.json()["id"]
+    other = api.client.post("/tune", json=body(traffic, concurrency=[4]), headers=h)
+    assert other.status_code == 409
+    assert other.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"colour": "blue"}, "colour"),
+        ({"concurrency": "many"}, "concurrency"),
+        ({"concurrency": [0]}, "concurrency.0"),
+        ({"engine": "tensorrt"}, "engine"),
+        ({"objective": "fastest"}, "objective"),
+        ({"budget": {"max_trials": 0}}, "budget.max_trials"),
+        ({"serving": {"args": {"speculative_config": "{}"}}}, "serving.args"),
+        ({"serving": {"args": {"max_model_len": "long"}}}, "serving.args"),
+        ({"serving": {"env": {"LD_PRELOAD": "/x.so"}}}, "serving.env"),
+        ({"search": {"methods": ["warp"]}}, "search.methods.0"),
+        ({"search": {"depth_range": [5, 2]}}, "search.depth_range"),
+        ({"traffic": []}, "traffic"),
+        ({"traffic": [{"nope": 1}]}, "traffic"),
+        ({"model": ""}, "model"),
+        ({"request_rate": [1.0]}, "body"),
+        ({"trust_remote_code": True}, "trust_remote_code"),
+    ],
+)
+def test_bad_input_is_422_naming_the_field(api: Api, patch: dict, field: str) -> None:
+    traffic = upload(api)
+    r = api.client.post("/tune", json=body(traffic) | patch, headers=api.tune)
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    problem = r.json()
+    assert problem["status"] == 422
+    assert any(e["field"] == field or e["field"].startswith(field) for e in problem["errors"]), problem
+
+
+def test_serving_allowlist_accepts_known_args(api: Api) -> None:
+    serving = {"args": {"tensor_parallel_size": 8, "max_model_len": 8192, "enable_prefix_caching": True,
+                        "kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.9},
+               "env": {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MHA": "0"}}
+    r = api.client.post("/tune", json=body(upload(api), serving=serving, hardware="mi300x"), headers=api.tune)
+    assert r.status_code == 202, r.text
+
+
+def test_unknown_ids_are_404(api: Api) -> None:
+    for method, path in [("get", "/tune/nope"), ("get", "/tune/nope/trials"), ("post", "/tune/nope/cancel")]:
+        r = getattr(api.client, method)(path, headers=api.tune | api.read if method == "get" else api.tune)
+        assert r.status_code == 404, path
+        assert r.headers["content-type"] == "application/problem+json"
+    r = api.client.post("/tune", json=body("no-such-sample"), headers=api.tune)
+    assert r.status_code == 404
+
+
+def test_auth_missing_wrong_and_scoped(api: Api) -> None:
+    traffic = upload(api)
+    r = api.client.post("/tune", json=body(traffic))
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert r.headers["content-type"] == "application/problem+json"
+    assert api.client.post("/tune", json=body(traffic), headers={"Authorization": "Bearer stk_wrong"}).status_code == 401
+    assert api.client.post("/tune", json=body(traffic), headers=api.read).status_code == 403
+    job = api.client.post("/tune", json=body(traffic), headers=api.tune).json()
+    assert api.client.get(f"/tune/{job['id']}", headers=api.tune_only).status_code == 403
+    assert api.client.get(f"/tune/{job['id']}", headers=api.read).status_code == 200
+    assert api.client.get("/recommendation?model=x").status_code == 401
+
+
+def test_cancel_queued_job_then_409(api: Api) -> None:
+    job = api.client.post("/tune", json=body(upload(api)), headers=api.tune).json()
+    r = api.client.post(f"/tune/{job['id']}/cancel", headers=api.tune)
+    assert r.status_code == 202
+    assert r.json()["status"] == "cancelled"
+    again = api.client.post(f"/tune/{job['id']}/cancel", headers=api.tune)
+    assert again.status_code == 409
+
+
+def test_bad_requests_lose_nothing_already_stored(api: Api) -> None:
+    traffic = upload(api)
+    job = api.client.post("/tune", json=body(traffic), headers=api.tune).json()
+    for bad in ({"model": 3}, {"colour": 1}, {"traffic": []}):
+        assert api.client.post("/tune", json=body(traffic) | bad, headers=api.tune).status_code == 422
+    assert api.client.post("/traffic", content=b"{broken", headers=api.tune).status_code == 422
+    assert api.client.get(f"/tune/{job['id']}", headers=api.read).json()["status"] == "queued"
+    assert api.client.get(f"/traffic/{traffic}", headers=api.read).json()["request_count"] == len(BENCH)
+
+
+def test_internal_fault_is_500_problem_without_stack_trace(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner import tuning
+
+    def boom(*a: object, **k: object) -> None:
+        raise RuntimeError("disk on fire at /secret/path")
+
+    monkeypatch.setattr(tuning, "get_job", boom)
+    r = api.client.get("/tune/anything", headers=api.read)
+    assert r.status_code == 500
+    assert r.headers["content-type"] == "application/problem+json"
+    assert "Traceback" not in r.text and "/secret/path" not in r.text
+    assert r.json()["title"] == "Internal server error"
+
+
+def test_healthz_metrics_and_openapi(api: Api) -> None:
+    assert api.client.get("/healthz").json() == {"status": "ok"}
+    api.client.post("/tune", json=body(upload(api)), headers=api.tune)
+    text = api.client.get("/metrics").text
+    assert 'tuner_jobs{status="queued"} 1.0' in text
+    assert "tuner_trial_duration_seconds" in text or "tuner_trials_run" in text
+    assert api.client.get("/openapi.json").json()["paths"]["/tune"]["post"]
+    assert api.client.get("/docs").status_code == 200

@@ -1,0 +1,82 @@
+"""Shared fixtures: a fresh database per test on SQLite and on the real PostgreSQL at 127.0.0.1:5432.
+
+Each run migrates one template database per backend; each test gets its own copy (a file copy for SQLite,
+CREATE DATABASE ... TEMPLATE for PostgreSQL), so tests never share state and need no delete-all teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from tuner.store import migrate
+
+PG_ADMIN_URL = os.environ.get("TUNER_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+RUN_ID = uuid.uuid4().hex[:8]
+BACKENDS = [b for b in os.environ.get("TUNER_TEST_BACKENDS", "sqlite,postgresql").split(",") if b]
+
+
+def _pg_url(db: str) -> str:
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + db
+
+
+def _pg_admin(sql: str) -> None:
+    engine = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(sql))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tpl") / "template.db"
+    migrate.upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    name = f"tuner_tpl_{RUN_ID}"
+    try:
+        _pg_admin(f"CREATE DATABASE {name}")
+    except Exception as e:  # the suite runs against PostgreSQL: a missing server is a failure, not a skip
+        pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is not reachable: {e}")
+    migrate.upgrade(_pg_url(name))
+    yield name
+    _pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A migrated, empty database of each backend, private to the test."""
+    if request.param == "sqlite":
+        path = tmp_path / "tuner.db"
+        shutil.copy(request.getfixturevalue("sqlite_template"), path)
+        yield f"sqlite:///{path}"
+        return
+    template = request.getfixturevalue("pg_template")
+    name = f"tuner_t_{RUN_ID}_{uuid.uuid4().hex[:8]}"
+    _pg_admin(f"CREATE DATABASE {name} TEMPLATE {template}")
+    yield _pg_url(name)
+    _pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty, unmigrated database (SQLite or PostgreSQL by the test's parameter)."""
+    backend = getattr(request, "param", "sqlite")
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    name = f"tuner_e_{RUN_ID}_{uuid.uuid4().hex[:8]}"
+    _pg_admin(f"CREATE DATABASE {name}")
+    yield _pg_url(name)
+    _pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -1,0 +1,159 @@
+"""Test doubles for the edges the service tests do not exercise: a fixed-list planner and a thread executor.
+
+The real planner (tuner.search) and executors (tuner.workers.executors) have their own tests; these let the
+service's job loop, claim, heartbeat, cancel and recovery be tested on their own.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from tuner.domain import (
+    Engine,
+    Failure,
+    FailureClass,
+    LevelResult,
+    LevelWinner,
+    LoadLevel,
+    Method,
+    Proposal,
+    SpecConfig,
+    Speedup,
+    TrialContext,
+    TrialResult,
+    TrialSpec,
+    TrialStatus,
+    TuneOutcome,
+)
+
+
+class ListPlanner:
+    """Proposes the baseline, then each given config once; the best is the highest mean throughput ratio."""
+
+    def __init__(self, specs: Sequence[SpecConfig]) -> None:
+        self.queue = [SpecConfig(), *specs]
+        self.asked: dict[int, SpecConfig] = {}
+        self.told: dict[int, TrialResult] = {}
+        self.tell_calls: list[int] = []
+        self.abandoned: list[int] = []
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def ask(self) -> Proposal | None:
+        with self._lock:
+            while self._next < len(self.queue):
+                number = self._next
+                self._next += 1
+                if number in self.told:
+                    continue
+                self.asked[number] = self.queue[number]
+                return Proposal(number, self.queue[number], "baseline" if number == 0 else "search")
+            requeue = [n for n in self.abandoned if n not in self.told and n not in self.asked]
+            if requeue:
+                n = requeue[0]
+                self.asked[n] = self.queue[n]
+                return Proposal(n, self.queue[n], "search")
+            return None
+
+    def tell(self, number: int, result: TrialResult) -> None:
+        with self._lock:
+            self.tell_calls.append(number)
+            self.told.setdefault(number, result)
+
+    def abandon(self, number: int, reason: str) -> None:
+        with self._lock:
+            self.abandoned.append(number)
+            self.asked.pop(number, None)
+
+    def outcome(self) -> TuneOutcome:
+        base = self.told.get(0)
+        if base is None or not base.levels:
+            return TuneOutcome(SpecConfig(), None, (), None, None, None)
+
+        def ratio(r: TrialResult) -> float:
+            return statistics.fmean(
+                lr.output_throughput / b.output_throughput for lr, b in zip(r.levels, base.levels, strict=True)
+            )
+
+        good = {n: r for n, r in self.told.items() if r.status is TrialStatus.SUCCEEDED}
+        best_n = max(good, key=lambda n: ratio(good[n]))
+        best = good[best_n]
+        winners = tuple(
+            LevelWinner(lr.level.label, best.spec, lr.output_throughput / b.output_throughput, best_n)
+            for lr, b in zip(best.levels, base.levels, strict=True)
+        )
+        r = ratio(best)
+        return TuneOutcome(best.spec, None, winners, Speedup(r, r, r, 1), 0, best_n, engine=best.engine)
+
+
+class FakeEvaluator:
+    """Throughput grows with k; optional per-trial delay that honours cancellation; optional failures."""
+
+    def __init__(self, delay_s: float = 0.0, fail: set[Method] | None = None) -> None:
+        self.delay_s = delay_s
+        self.fail = fail or set()
+        self.calls: list[tuple[int | None, str]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
+        with self._lock:
+            self.calls.append((spec.number, spec.spec.label()))
+        deadline = time.monotonic() + self.delay_s
+        while time.monotonic() < deadline:
+            if ctx is not None and ctx.is_cancelled():
+                return TrialResult(
+                    TrialStatus.CANCELLED, Engine.SIMULATED, spec=spec.spec, failure=Failure(FailureClass.CANCELLED, "x")
+                )
+            time.sleep(0.02)
+        if spec.spec.method in self.fail:
+            return TrialResult(
+                TrialStatus.FAILED,
+                Engine.SIMULATED,
+                spec=spec.spec,
+                failure=Failure(FailureClass.UNSUPPORTED, f"{spec.spec.method} is not supported", "log tail"),
+            )
+        k = spec.spec.num_speculative_tokens
+        levels = tuple(
+            LevelResult(level=lvl, num_requests=lvl.num_requests, output_throughput=100.0 * (1 + 0.1 * k) / lvl.value)
+            for lvl in spec.levels
+        )
+        return TrialResult(
+            TrialStatus.SUCCEEDED, Engine.SIMULATED, spec=spec.spec, levels=levels, vllm_version="0.0-fake",
+            hardware="cpu", reference_outputs=((1, 2, 3),) if spec.spec.is_off else None,
+        )
+
+
+class ThreadExecutor:
+    def __init__(self, evaluator: FakeEvaluator, slots: int = 1) -> None:
+        self.evaluator = evaluator
+        self.slots = slots
+        self.pool = ThreadPoolExecutor(slots)
+        self.active = 0
+        self._lock = threading.Lock()
+
+    def free_slots(self, tensor_parallel_size: int = 1) -> int:
+        with self._lock:
+            return self.slots - self.active
+
+    def submit(self, spec: TrialSpec, ctx: TrialContext) -> Future[TrialResult]:
+        with self._lock:
+            self.active += 1
+
+        def run() -> TrialResult:
+            try:
+                return self.evaluator(spec, ctx)
+            finally:
+                with self._lock:
+                    self.active -= 1
+
+        return self.pool.submit(run)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+LEVELS = (LoadLevel(value=1, num_requests=4), LoadLevel(value=8, num_requests=8))
