@@ -52,11 +52,6 @@ class ListPlanner:
                     continue
                 self.asked[number] = self.queue[number]
                 return Proposal(number, self.queue[number], "baseline" if number == 0 else "search")
-            requeue = [n for n in self.abandoned if n not in self.told and n not in self.asked]
-            if requeue:
-                n = requeue[0]
-                self.asked[n] = self.queue[n]
-                return Proposal(n, self.queue[n], "search")
             return None
 
     def tell(self, number: int, result: TrialResult) -> None:
@@ -66,8 +61,9 @@ class ListPlanner:
 
     def abandon(self, number: int, reason: str) -> None:
         with self._lock:
+            # As Optuna: the abandoned trial stays failed; its configuration comes back under a new number.
             self.abandoned.append(number)
-            self.asked.pop(number, None)
+            self.queue.append(self.asked.pop(number, self.queue[number]))
 
     def outcome(self) -> TuneOutcome:
         base = self.told.get(0)

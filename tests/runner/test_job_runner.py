@@ -1,0 +1,188 @@
+"""The job loop with test doubles for the search and the evaluator: claim, heartbeat, cancel, recovery."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+
+from tests.fakes import LEVELS, FakeEvaluator, ListPlanner, ThreadExecutor
+from tuner import recommendations, tuning
+from tuner.domain import (
+    Engine,
+    JobSpec,
+    JobStatus,
+    Method,
+    ModelRef,
+    Proposal,
+    SpecConfig,
+    TrafficFormat,
+    TrafficRequest,
+)
+from tuner.job_runner import JobRunner
+from tuner.store.db import make_engine, make_session_factory, transaction
+from tuner.store.models import JobRow, RecommendationRow, TrialRow
+
+GHOST = f"{socket.gethostname()}:1"  # a dead runner on this host
+SPECS = [SpecConfig(Method.NGRAM, 2), SpecConfig(Method.NGRAM, 4), SpecConfig(Method.EAGLE3, 3, model="d")]
+REQUESTS = [TrafficRequest(TrafficFormat.COMPLETIONS, prompt=f"p{i}", output_tokens=8) for i in range(4)]
+
+
+def submit(factory, engine: Engine = Engine.SIMULATED) -> str:  # type: ignore[no-untyped-def]
+    with transaction(factory) as s:
+        traffic = tuning.create_traffic(s, REQUESTS)
+        job, _ = tuning.submit_job(
+            s, JobSpec(model=ModelRef("org/m"), traffic_id=traffic.id, engine=engine, levels=LEVELS)
+        )
+        return job.id
+
+
+def runner(factory, planner: ListPlanner, evaluator: FakeEvaluator, **kw) -> JobRunner:  # type: ignore[no-untyped-def]
+    return JobRunner(
+        factory,
+        planner_factory=lambda job_id, spec, reqs: planner,
+        executor_factory=lambda spec: ThreadExecutor(evaluator, slots=kw.pop("slots", 2)),
+        heartbeat_s=0.1,
+        stale_after_s=kw.pop("stale_after_s", 1.0),
+        poll_s=0.05,
+        **kw,
+    )
+
+
+def test_job_runs_to_a_recommendation(db_url: str, tmp_path: Path) -> None:
+    factory = make_session_factory(make_engine(db_url))
+    job_id = submit(factory)
+    planner, ev = ListPlanner(SPECS), FakeEvaluator()
+    assert runner(factory, planner, ev, log_dir=tmp_path).run_once() == job_id
+    with factory() as s:
+        job = s.get(JobRow, job_id)
+        assert job.status == "succeeded", job.error
+        trials = tuning.list_trials(s, job_id)
+        assert [t.number for t in trials] == [0, 1, 2, 3]
+        assert all(t.status == "succeeded" and t.engine == "simulated" for t in trials)
+        # the baseline ran first and alone; its outputs were the reference for the others
+        assert ev.calls[0] == (0, "off")
+        rec = recommendations.find(s, model="org/m", engine=Engine.SIMULATED)
+        assert rec["simulated"] is True and rec["engine"] == "simulated"
+        assert rec["speculative_config"]["method"] == "ngram" and rec["speculative_config"]["num_speculative_tokens"] == 4
+        assert rec["summary"].startswith("[SIMULATED]")
+        assert rec["serve_args"][:3] == ["vllm", "serve", "org/m"]
+        assert "--speculative-config" in rec["serve_args"]
+        # simulated results never answer a query that does not ask for them
+        try:
+            recommendations.find(s, model="org/m")
+            raise AssertionError("a simulated recommendation answered a measured query")
+        except Exception as e:
+            assert "no measured recommendation" in str(e)
+        by_c = recommendations.find(s, model="org/m", engine=Engine.SIMULATED, concurrency=8)
+        assert by_c["scope"] != "all" and by_c["concurrency"]["low"] <= 8
+
+
+def test_two_runners_never_claim_the_same_job(db_url: str) -> None:
+    factory = make_session_factory(make_engine(db_url))
+    ids = {submit(factory) for _ in range(3)}
+    claims: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(6)
+
+    def claim(worker: str) -> None:
+        barrier.wait()
+        while True:
+            with transaction(factory) as s:
+                job = tuning.claim_job(s, worker, stale_after_s=60)
+            if job is None:
+                return
+            with lock:
+                claims.append(job.id)
+
+    threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(claims) == sorted(ids)  # each job claimed exactly once
+
+
+def test_stale_job_is_recovered_without_rerunning_finished_trials(db_url: str) -> None:
+    factory = make_session_factory(make_engine(db_url))
+    job_id = submit(factory)
+    # A dead runner claimed the job, finished the baseline and trial 1, and died during trial 2.
+    planner = ListPlanner(SPECS)
+    dead_ev = FakeEvaluator()
+    with transaction(factory) as s:
+        tuning.claim_job(s, GHOST, stale_after_s=60)
+    from tuner.domain import TrialSpec
+
+    for number, spec in [(0, SpecConfig()), (1, SPECS[0])]:
+        result = dead_ev(TrialSpec(model=ModelRef("org/m"), spec=spec, levels=LEVELS, requests=()))
+        with transaction(factory) as s:
+            tuning.start_trial(s, job_id, Proposal(number, spec), levels=[], worker=GHOST)
+            tuning.finish_trial(s, job_id, number, result)
+    with transaction(factory) as s:
+        tuning.start_trial(s, job_id, Proposal(2, SPECS[1]), levels=[], worker=GHOST)
+        tuning.set_trial_pgid(s, job_id, 2, 999_999)
+        s.get(JobRow, job_id).heartbeat_at = s.get(JobRow, job_id).heartbeat_at.replace(year=2000)
+    # The recovering runner's planner resumes from storage: it has seen what the dead one told it.
+    planner.tell(0, tuning.trial_result(_trial(factory, job_id, 0)))
+    planner.tell(1, tuning.trial_result(_trial(factory, job_id, 1)))
+    planner._next = 3  # the dead runner had asked for 0..2
+    planner.asked[2] = SPECS[1]
+    ev = FakeEvaluator()
+    killed: list[int] = []
+    assert runner(factory, planner, ev, kill_group=killed.append).run_once() == job_id
+    assert killed == [999_999]  # the dead runner's vLLM process group is killed before anything runs
+    with factory() as s:
+        job = s.get(JobRow, job_id)
+        assert job.status == "succeeded", job.error
+        assert job.attempts == 2
+        rows = tuning.list_trials(s, job_id)
+        by_number = {r.number: r for r in rows}
+        assert by_number[2].status == "failed" and by_number[2].failure_class == "infrastructure"
+        assert "died" in by_number[2].failure_reason
+        assert planner.abandoned == [2]
+        # finished trials were never run again; the abandoned config ran once more under a new number
+        assert sorted(label for _, label in ev.calls) == sorted([SPECS[1].label(), SPECS[2].label()])
+        assert all(n not in (0, 1, 2) for n, _ in ev.calls)
+        assert by_number[4].status == "succeeded" and by_number[4].config == by_number[2].config
+        assert len(s.scalars(select(RecommendationRow).where(RecommendationRow.job_id == job_id)).all()) >= 1
+
+
+def _trial(factory, job_id: str, number: int) -> TrialRow:  # type: ignore[no-untyped-def]
+    with factory() as s:
+        return s.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.number == number)).one()
+
+
+def test_cancel_from_another_process_stops_running_trials(db_url: str) -> None:
+    factory = make_session_factory(make_engine(db_url))
+    job_id = submit(factory)
+    ev = FakeEvaluator(delay_s=30)
+    r = runner(factory, ListPlanner(SPECS), ev)
+    t = threading.Thread(target=r.run_once)
+    t.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not ev.calls:
+        time.sleep(0.02)
+    assert ev.calls, "the baseline never started"
+    with transaction(make_session_factory(make_engine(db_url))) as s:  # a different engine: another process
+        tuning.request_cancel(s, job_id)
+    t.join(15)
+    assert not t.is_alive()
+    with factory() as s:
+        assert s.get(JobRow, job_id).status == JobStatus.CANCELLED.value
+        assert [tr.status for tr in tuning.list_trials(s, job_id)] == ["cancelled"]
+
+
+def test_failed_baseline_fails_the_job_with_its_reason(db_url: str) -> None:
+    factory = make_session_factory(make_engine(db_url))
+    job_id = submit(factory)
+    ev = FakeEvaluator(fail={Method.OFF})
+    runner(factory, ListPlanner([]), ev).run_once()
+    with factory() as s:
+        job = s.get(JobRow, job_id)
+        assert job.status == "failed"
+        assert "baseline" in job.error and "not supported" in job.error
+        trial = tuning.list_trials(s, job_id)[0]
+        assert trial.failure_class == "unsupported_config" and trial.failure_reason
