@@ -1,0 +1,247 @@
+"""The simulated engine: the Evaluator contract without a process, from an analytic model.
+
+It serves the demo, CPU development, the search benchmarks and what-if estimates before GPU time is spent.
+Every result says ``engine=Engine.SIMULATED``. ``expected`` is the noise-free truth (benchmarks use it to
+know the true optimum); ``__call__`` adds seeded measurement noise (3% by default) that differs between
+repeats of the same trial. The model lives in ``sim_model.py``, the profiles in ``sim_profiles.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import random
+from collections.abc import Sequence
+
+from tuner.domain import (
+    SLO,
+    CorrectnessReport,
+    Engine,
+    Failure,
+    FailureClass,
+    LevelResult,
+    LoadLevel,
+    Method,
+    RequestComparison,
+    ServingConfig,
+    SpecConfig,
+    TrafficRequest,
+    TrialContext,
+    TrialResult,
+    TrialSpec,
+    TrialStatus,
+)
+from tuner.workers import sim_model
+from tuner.workers.sim_level import level_result
+from tuner.workers.sim_profiles import CHARS_PER_TOKEN, PRESETS, WORKLOADS, ModelProfile, WorkloadProfile
+
+__all__ = ["PRESETS", "WORKLOADS", "ModelProfile", "SimulatedEngine", "WorkloadProfile"]
+
+_ITL_SAMPLES_PER_REQUEST = 8
+_REFERENCE_LEN = 16
+
+
+class SimulatedEngine:
+    """Computes a TrialResult from the analytic model; the same contract as the real vLLM runner."""
+
+    def __init__(
+        self,
+        model: ModelProfile | None = None,
+        workload: WorkloadProfile | None = None,
+        *,
+        noise: float = 0.03,
+        seed: int = 0,
+        hardware: str = "simulated",
+        vllm_version: str = "simulated",
+    ) -> None:
+        self.model = model or PRESETS["llama-3.1-8b"]
+        self.workload = workload
+        self.noise = float(noise)
+        self.seed = int(seed)
+        self.hardware = hardware
+        self.vllm_version = vllm_version
+        self._calls = itertools.count()
+
+    # ---- the public model --------------------------------------------------------------------------
+    def acceptance(self, spec: SpecConfig) -> tuple[float, ...]:
+        """Conditional acceptance per position (given the step proposed) for this method, depth, workload."""
+        return sim_model.acceptance(self.model, self._workload(()), spec)
+
+    def proposal_rate(self, spec: SpecConfig) -> float:
+        """P(a request's decode step proposes anything): below 1 only for ngram and suffix."""
+        return 1.0 if spec.is_off else sim_model.proposal_rate(spec, self._workload(()))
+
+    def expected(
+        self, spec: SpecConfig, level: LoadLevel, *, slo: SLO | None = None, serving: ServingConfig | None = None
+    ) -> LevelResult:
+        """The noise-free figures of one configuration at one load level."""
+        workload = self._workload(())
+        return self._level(spec, level, workload, serving or ServingConfig(), slo or SLO(), (), None)
+
+    def speedup(self, spec: SpecConfig, level: LoadLevel) -> float:
+        """Noise-free output-throughput ratio over no speculation at this level."""
+        base = self.expected(SpecConfig(), level).output_throughput
+        return self.expected(spec, level).output_throughput / base if base else 0.0
+
+    # ---- the Evaluator contract --------------------------------------------------------------------
+    def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
+        ctx = ctx or TrialContext()
+        call = next(self._calls)
+        workload = self._workload(spec.requests)
+        startup = 40.0 + (20.0 if spec.spec.method.needs_draft_checkpoint else 0.0)
+        refusal = self._refusal(spec.spec)
+        if refusal is not None:
+            return self._result(spec, TrialStatus.FAILED, failure=refusal, startup=startup)
+        if self._ooms(spec.spec):
+            return self._result(spec, TrialStatus.FAILED, failure=_oom(spec.spec), startup=startup)
+        levels: list[LevelResult] = []
+        crash_at = max(1, len(spec.levels) - 1) if spec.spec.method in self.model.crashing else None
+        for i, level in enumerate(spec.levels):
+            if ctx.is_cancelled():
+                failure = Failure(FailureClass.CANCELLED, "cancelled during running")
+                return self._result(spec, TrialStatus.CANCELLED, levels, failure=failure, startup=startup)
+            if crash_at is not None and i >= crash_at:
+                return self._result(spec, TrialStatus.FAILED, levels, failure=_crash(), startup=startup)
+            rng = random.Random(self._seed_for(spec.spec, level, call))
+            levels.append(self._level(spec.spec, level, workload, spec.serving, spec.slo, spec.requests, rng))
+        if crash_at is not None:
+            return self._result(spec, TrialStatus.FAILED, levels, failure=_crash(), startup=startup)
+        outputs = _outputs(spec, diverged=spec.spec.method in self.model.diverging)
+        report = None
+        if not spec.spec.is_off and spec.reference_outputs:
+            report = _compare(outputs, spec.reference_outputs)
+        status = TrialStatus.DIVERGED if report is not None and not report.passed else TrialStatus.SUCCEEDED
+        return self._result(spec, status, levels, correctness=report, outputs=outputs, startup=startup)
+
+    # ---- pieces ------------------------------------------------------------------------------------
+    def _workload(self, requests: Sequence[TrafficRequest]) -> WorkloadProfile:
+        if self.workload is None:
+            base = WorkloadProfile.from_requests(requests) if requests else WORKLOADS["chat"]
+        else:
+            base = self.workload
+        if not requests:
+            return base
+        prompt = sum(len(r.prompt_text()) for r in requests) / len(requests) / CHARS_PER_TOKEN
+        output = sum(r.target_output_tokens for r in requests) / len(requests)
+        return dataclasses.replace(base, prompt_tokens=prompt, output_tokens=output)
+
+    def _seed_for(self, spec: SpecConfig, level: LoadLevel, call: int) -> int:
+        raw = f"{self.seed}|{spec.key()}|{level.label}|{call}".encode()
+        return int.from_bytes(hashlib.sha256(raw).digest()[:8], "big")
+
+    def _refusal(self, spec: SpecConfig) -> Failure | None:
+        """vLLM-like start-up refusals (the runner's classifier reads such lines as unsupported_config)."""
+        method = spec.method
+        if spec.is_off:
+            return None
+        k = spec.num_speculative_tokens
+        msg = None
+        if method in self.model.unsupported:
+            msg = f"NotImplementedError: speculative method '{method.value}' is not supported for {self.model.name}"
+        elif k <= 0:
+            msg = f"ValueError: num_speculative_tokens must be > 0 for method '{method.value}', got {k}"
+        elif method is Method.MTP and self.model.mtp_layers <= 0:
+            msg = f"ValueError: method 'mtp' needs MTP layers; {self.model.name} has none (num_nextn_predict_layers)"
+        elif method is Method.MTP and k > self.model.mtp_layers and k % self.model.mtp_layers:
+            msg = (
+                f"ValueError: num_speculative_tokens ({k}) must be divisible by the number of MTP layers "
+                f"(n_predict={self.model.mtp_layers})"
+            )
+        elif method is Method.MEDUSA and _version_at_least(self.vllm_version, (0, 33)):
+            msg = "ValueError: method 'medusa' is not supported in this version of vLLM"
+        elif spec.schedule and not method.supports_batch_schedule:
+            msg = f"ValueError: num_speculative_tokens_per_batch_size is not supported for method '{method.value}'"
+        if msg is None:
+            return None
+        return Failure(FailureClass.UNSUPPORTED, msg, f"(APIServer pid=1) {msg}\n")
+
+    def _ooms(self, spec: SpecConfig) -> bool:
+        limit = self.model.max_depth_before_oom.get(spec.method)
+        return limit is not None and spec.num_speculative_tokens > limit
+
+    def _result(
+        self,
+        spec: TrialSpec,
+        status: TrialStatus,
+        levels: Sequence[LevelResult] = (),
+        *,
+        failure: Failure | None = None,
+        correctness: CorrectnessReport | None = None,
+        outputs: tuple[tuple[int, ...], ...] | None = None,
+        startup: float = 0.0,
+    ) -> TrialResult:
+        return TrialResult(
+            status=status,
+            engine=Engine.SIMULATED,
+            spec=spec.spec,
+            levels=tuple(levels),
+            failure=failure,
+            correctness=correctness,
+            reference_outputs=outputs,
+            vllm_version=self.vllm_version,
+            hardware=self.hardware,
+            worker="simulated",
+            startup_s=startup,
+            wall_s=startup + sum(lr.duration_s for lr in levels),  # simulated seconds, not this call's
+        )
+
+    def _level(
+        self,
+        spec: SpecConfig,
+        level: LoadLevel,
+        workload: WorkloadProfile,
+        serving: ServingConfig,
+        slo: SLO,
+        requests: Sequence[TrafficRequest],
+        rng: random.Random | None,
+    ) -> LevelResult:
+        return level_result(self.model, workload, spec, level, serving, slo, requests, rng, self.noise)
+
+
+def _version_at_least(version: str, minimum: tuple[int, ...]) -> bool:
+    try:
+        parts = tuple(int(p) for p in version.split(".")[:2])
+    except ValueError:
+        return False
+    return parts >= minimum
+
+
+def _oom(spec: SpecConfig) -> Failure:
+    msg = (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB while capturing CUDA graphs "
+        f"for {spec.method.value} with num_speculative_tokens={spec.num_speculative_tokens}"
+    )
+    return Failure(FailureClass.OOM, msg, f"(EngineCore pid=2) {msg}\n")
+
+
+def _crash() -> Failure:
+    tail = (
+        "(EngineCore pid=2) RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+    )
+    return Failure(FailureClass.CRASH, "RuntimeError: CUDA error: an illegal memory access was encountered", tail)
+
+
+def _outputs(spec: TrialSpec, diverged: bool) -> tuple[tuple[int, ...], ...]:
+    """Greedy outputs of the correctness subset: the prompt's own token ids, lossless unless diverging."""
+    out: list[tuple[int, ...]] = []
+    for i, req in enumerate(spec.requests[: spec.correctness_prompts]):
+        if spec.reference_outputs and i < len(spec.reference_outputs) and not diverged:
+            out.append(tuple(spec.reference_outputs[i]))
+            continue
+        digest = hashlib.sha256(req.prompt_text().encode()).digest()
+        ids = [b * 97 + j for j, b in enumerate(digest[:_REFERENCE_LEN])]
+        if diverged:
+            ids = ids[:3] + [(x + 7919) % 151_000 for x in ids[3:]]
+        out.append(tuple(ids))
+    return tuple(out)
+
+
+def _compare(outputs: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> CorrectnessReport:
+    comps = []
+    for i, (out, ref) in enumerate(zip(outputs, reference, strict=False)):
+        prefix = next((j for j, (x, y) in enumerate(zip(out, ref, strict=False)) if x != y), min(len(out), len(ref)))
+        comps.append(RequestComparison(i, prefix, len(out), len(ref), tuple(out) == tuple(ref)))
+    report = CorrectnessReport(comparisons=tuple(comps))
+    return dataclasses.replace(report, passed=report.median_prefix_fraction >= report.threshold)
