@@ -101,17 +101,18 @@ async def send_one(
     return RequestRecord(index, start, end, tuple(chunks), usage_tokens, token_ids=tuple(ids))
 
 
-def arrival_offsets(level: LoadLevel, requests: Sequence[TrafficRequest], n: int, seed: int) -> list[float]:
-    """Send times (s from the window start) for open-loop levels: Poisson at R req/s, or the sample's own."""
+def arrival_offsets(level: LoadLevel, picked: Sequence[TrafficRequest], seed: int) -> list[float]:
+    """Send times (s from the window start) of the picked requests for open-loop levels: Poisson at R req/s
+    (seeded), or the sample's own ``arrival_s`` shifted so the earliest is 0 (missing stamps count as 0)."""
     if level.kind is LoadKind.RATE:
         rng = random.Random(seed)
         t, out = 0.0, []
-        for _ in range(n):
+        for _ in picked:
             out.append(t)
             t += rng.expovariate(level.value)
         return out
-    stamps = [requests[i % len(requests)].arrival_s or 0.0 for i in range(n)]
-    base = min(stamps) if stamps else 0.0
+    stamps = [r.arrival_s or 0.0 for r in picked]
+    base = min(stamps, default=0.0)
     return [s - base for s in stamps]
 
 
@@ -153,7 +154,8 @@ async def run_level(
     async def open_loop() -> None:
         pending: list[asyncio.Task[RequestRecord]] = []
         try:
-            for i, at in zip(picks, arrival_offsets(level, requests, n, settings.seed), strict=True):
+            offsets = arrival_offsets(level, [requests[i] for i in picks], settings.seed)
+            for i, at in zip(picks, offsets, strict=True):
                 delay = t0 + at - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)

@@ -1,0 +1,192 @@
+"""Our replay against ``vllm bench serve`` on the same real server and the same prompts.
+
+    python benchmarks/replay_vs_vllm_bench.py --model DIR [--vllm-python PY] [--cpu] [--concurrency 4]
+
+Starts one server (ngram k=3 by default), then, on it: our closed-loop replay of the prompts, and
+``vllm bench serve --dataset-name custom --custom-output-len -1 --ignore-eos`` of the same JSONL. Both
+windows are bracketed by /metrics scrapes, so each tool's acceptance length can be checked against the
+server's own counters and against its log's "Mean acceptance length" lines. Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from tuner.domain import SLO, LoadKind, LoadLevel, ModelRef, ServingConfig, SpecConfig, TrafficFormat, TrafficRequest
+from tuner.workers import vllm_metrics
+from tuner.workers.options import CPU_SERVER_ENV, RunnerOptions
+from tuner.workers.replay import ReplaySettings, run_level
+from tuner.workers.timing import summarize
+from tuner.workers.vllm_server import VllmServer, build_serve_argv, free_port
+
+_LOG_LINE = re.compile(r"Mean acceptance length: ([\d.]+).*?Accepted: (\d+) tokens, Drafted: (\d+) tokens")
+
+
+def prompts(n: int, output_tokens: int) -> list[dict]:
+    return [
+        {
+            "prompt": f"def handler_{i}(event):\n    return event['{i % 7}']\n" * (2 + i % 4),
+            "output_tokens": output_tokens,
+        }
+        for i in range(n)
+    ]
+
+
+def log_acceptance(log_text: str) -> tuple[float | None, int]:
+    """Mean acceptance length from the server log's interval lines (draft-weighted), and the line count."""
+    lines = _LOG_LINE.findall(log_text)
+    accepted = sum(int(a) for _, a, _ in lines)
+    # Each line gives 1 + accepted/drafts for its interval: recover drafts to combine intervals exactly.
+    drafts = sum(int(a) / (float(m) - 1) for m, a, _ in lines if float(m) > 1)
+    return (1 + accepted / drafts if drafts else None), len(lines)
+
+
+async def our_replay(base: str, model: str, items: list[dict], concurrency: int) -> dict:
+    reqs = [
+        TrafficRequest(TrafficFormat.COMPLETIONS, prompt=x["prompt"], output_tokens=x["output_tokens"]) for x in items
+    ]
+    level = LoadLevel(LoadKind.CONCURRENCY, concurrency, num_requests=len(reqs), warmup_requests=0)
+    settings = ReplaySettings(model=model)
+    async with httpx.AsyncClient(timeout=600) as client:
+        before = await vllm_metrics.scrape(client, base)
+        window = await run_level(client, base, reqs, level, settings)
+        after = await vllm_metrics.scrape(client, base)
+    figures = summarize(level, window.records, window.duration_s, slo=SLO())
+    sd = vllm_metrics.spec_decode_delta(before, after, 3)
+    return {
+        "output_throughput": figures.output_throughput,
+        "mean_tpot_ms": figures.tpot_ms.mean,
+        "mean_ttft_ms": figures.ttft_ms.mean,
+        "mean_itl_ms": figures.itl_ms.mean,
+        "acceptance_length": sd.acceptance_length if sd else None,
+        "errors": figures.errors,
+        "duration_s": window.duration_s,
+    }
+
+
+async def snapshot(base: str) -> vllm_metrics.MetricsSnapshot:
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await vllm_metrics.scrape(client, base)
+
+
+def vllm_bench(vllm_cli: list[str], base: str, model: str, dataset: Path, n: int, concurrency: int, out: Path) -> dict:
+    cmd = [
+        *vllm_cli, "bench", "serve", "--backend", "vllm", "--base-url", base, "--model", model,
+        "--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", "-1",
+        "--skip-chat-template", "--disable-shuffle", "--ignore-eos", "--num-prompts", str(n),
+        "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature", "0",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--result-dir", str(out.parent),
+        "--result-filename", out.name, "--disable-tqdm",
+    ]  # fmt: skip
+    print("$", " ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, check=True, stdout=sys.stderr)
+    return json.loads(out.read_text())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--vllm-python", default=None)
+    p.add_argument("--cpu", action="store_true", help="CPU-only host: add VLLM_CPU_KVCACHE_SPACE etc.")
+    p.add_argument(
+        "--speculative-config", default='{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3}'
+    )
+    p.add_argument("--serving", default='{"max_model_len": 512, "enforce_eager": true}')
+    p.add_argument("--num-prompts", type=int, default=40)
+    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=2, help="alternate the two tools this many times each")
+    args = p.parse_args()
+
+    options = RunnerOptions(vllm_python=args.vllm_python)
+    python = options.server_command()[0]
+    vllm_cli = [python, "-m", "vllm.entrypoints.cli.main"]
+    work = Path(tempfile.mkdtemp(prefix="replay-vs-bench-"))
+    dataset = work / "prompts.jsonl"
+    items = prompts(args.num_prompts, args.output_tokens)
+    dataset.write_text("".join(json.dumps(x) + "\n" for x in items))
+    spec = SpecConfig.from_vllm(json.loads(args.speculative_config))
+    port = free_port()
+    argv = build_serve_argv(
+        ModelRef(args.model), ServingConfig(args=json.loads(args.serving)), spec, port, command=options.server_command()
+    )
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")}
+    if args.cpu:
+        env.update(CPU_SERVER_ENV)
+    rows: list[tuple[str, dict]] = []
+    with VllmServer(argv, port=port, log_path=work / "server.log", env=env) as server:
+        server.wait_ready(900)
+        base = server.base_url
+        asyncio.run(our_replay(base, args.model, items[: args.concurrency * 2], args.concurrency))  # warm-up
+        for rep in range(args.repeats):
+            rows.append(("replay", asyncio.run(our_replay(base, args.model, items, args.concurrency))))
+            before = asyncio.run(snapshot(base))
+            bench = vllm_bench(
+                vllm_cli, base, args.model, dataset, args.num_prompts, args.concurrency, work / f"b{rep}.json"
+            )
+            after = asyncio.run(snapshot(base))
+            sd = vllm_metrics.spec_decode_delta(before, after, spec.num_speculative_tokens)
+            rows.append(
+                (
+                    "vllm bench",
+                    {
+                        "output_throughput": bench["output_throughput"],
+                        "mean_tpot_ms": bench["mean_tpot_ms"],
+                        "mean_ttft_ms": bench["mean_ttft_ms"],
+                        "mean_itl_ms": bench["mean_itl_ms"],
+                        "acceptance_length": bench.get("spec_decode_acceptance_length"),
+                        "metrics_acceptance_length": sd.acceptance_length if sd else None,
+                        "errors": bench.get("failed", 0),
+                        "duration_s": bench["duration"],
+                    },
+                )
+            )
+        time.sleep(11)  # let the server log its last interval's SpecDecoding line
+        total = vllm_metrics.spec_decode_delta(vllm_metrics.MetricsSnapshot(), asyncio.run(snapshot(base)), 3)
+        log_len, log_lines = log_acceptance(server.log_path.read_text(errors="replace"))
+
+    print(f"vLLM {python}; {args.num_prompts} prompts x {args.output_tokens} tokens, concurrency {args.concurrency}, "
+          f"{spec.label()}; work dir {work}\n")  # fmt: skip
+    print("| run | tool | output tok/s | mean TPOT ms | mean TTFT ms | mean ITL ms | acceptance length | errors |")
+    print("|---|---|---|---|---|---|---|---|")
+    for i, (tool, r) in enumerate(rows):
+        acc = r["acceptance_length"]
+        print(
+            f"| {i // 2 + 1} | {tool} | {r['output_throughput']:.1f} | {r['mean_tpot_ms']:.2f}"
+            f" | {r['mean_ttft_ms']:.1f} | {r['mean_itl_ms']:.2f} | {acc:.3f} | {r['errors']} |"
+        )
+    ours = [r for t, r in rows if t == "replay"]
+    theirs = [r for t, r in rows if t == "vllm bench"]
+
+    def mean(rs: list[dict], k: str) -> float:
+        return sum(r[k] for r in rs) / len(rs)
+
+    print()
+    throughput_ratio = mean(ours, "output_throughput") / mean(theirs, "output_throughput")
+    print(f"- output throughput ratio (replay / vllm bench): {throughput_ratio:.3f}")
+    print(f"- mean TPOT ratio (replay / vllm bench): {mean(ours, 'mean_tpot_ms') / mean(theirs, 'mean_tpot_ms'):.3f}")
+    for (_, a), (_, b) in zip(rows[0::2], rows[1::2], strict=True):
+        print(
+            f"- acceptance length: replay window {a['acceptance_length']:.4f}; vllm bench reports "
+            f"{b['acceptance_length']:.4f}, our /metrics diff over its window {b['metrics_acceptance_length']:.4f}"
+        )
+    print(
+        f"- whole run (warm-up included): /metrics counters {total.acceptance_length if total else 0:.4f}; "
+        f"server log 'Mean acceptance length' lines ({log_lines}), draft-weighted: {log_len or 0:.4f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

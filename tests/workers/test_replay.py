@@ -1,0 +1,151 @@
+"""The load generator against an in-process stand-in for the OpenAI API (httpx.MockTransport)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+
+import httpx
+import pytest
+
+from tuner.domain import LoadKind, LoadLevel, TrafficFormat, TrafficRequest
+from tuner.workers.replay import ReplaySettings, arrival_offsets, build_request, run_level, send_one
+
+pytestmark = pytest.mark.anyio  # anyio's pytest plugin comes with httpx
+
+SETTINGS = ReplaySettings(model="m")
+COMPLETION = TrafficRequest(TrafficFormat.COMPLETIONS, prompt="p", output_tokens=5, temperature=0.7)
+CHAT = TrafficRequest(TrafficFormat.CHAT, messages=({"role": "user", "content": "hi"},), max_tokens=9)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def test_completion_body_enforces_the_recorded_length() -> None:
+    path, body = build_request(COMPLETION, SETTINGS)
+    assert path == "/v1/completions"
+    assert body == {
+        "model": "m", "prompt": "p", "max_tokens": 5, "ignore_eos": True, "temperature": 0.7,
+        "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
+    }  # fmt: skip
+
+
+def test_chat_body_keeps_max_tokens_as_a_cap_only() -> None:
+    path, body = build_request(CHAT, SETTINGS, stream=False)
+    assert path == "/v1/chat/completions"
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+    assert body["max_tokens"] == 9 and "ignore_eos" not in body and "stream" not in body
+    assert body["temperature"] == 0.0  # the sample's default
+
+
+def _sse(events: list[dict]) -> bytes:
+    return "".join(f"data: {json.dumps(e)}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
+
+
+def _stream(token_chunks: list[list[int]], fmt: TrafficFormat = TrafficFormat.COMPLETIONS) -> bytes:
+    events = []
+    for ids in token_chunks:
+        if fmt is TrafficFormat.CHAT:
+            events.append({"choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": ids}]})
+        else:
+            events.append({"choices": [{"index": 0, "text": "x" * len(ids), "token_ids": ids}]})
+    events.append({"choices": [], "usage": {"completion_tokens": sum(map(len, token_chunks))}})
+    return _sse(events)
+
+
+class FakeServer:
+    """Streams five tokens (one chunk of two) after ``delay_s``; records the peak number in flight."""
+
+    def __init__(self, delay_s: float = 0.02, status: int = 200) -> None:
+        self.delay_s = delay_s
+        self.status = status
+        self.in_flight = 0
+        self.peak = 0
+        self.bodies: list[dict] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.bodies.append(json.loads(request.content))
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.in_flight -= 1
+        if self.status != 200:
+            return httpx.Response(self.status, json={"error": {"message": "bad request"}})
+        return httpx.Response(200, content=_stream([[1], [2, 3], [4], [5]]))
+
+
+def _client(server: FakeServer) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.MockTransport(server))
+
+
+async def test_send_one_records_tokens_per_chunk_and_usage() -> None:
+    async with _client(FakeServer()) as client:
+        rec = await send_one(client, "http://x", 0, COMPLETION, SETTINGS)
+    assert rec.ok
+    assert [c.tokens for c in rec.chunks] == [1, 2, 1, 1]
+    assert rec.output_tokens == 5 and rec.token_ids == (1, 2, 3, 4, 5)
+
+
+async def test_send_one_records_http_errors() -> None:
+    async with _client(FakeServer(status=400)) as client:
+        rec = await send_one(client, "http://x", 0, CHAT, SETTINGS)
+    assert not rec.ok and rec.error is not None and rec.error.startswith("HTTP 400")
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+async def test_closed_loop_keeps_n_in_flight(concurrency: int) -> None:
+    server = FakeServer()
+    level = LoadLevel(LoadKind.CONCURRENCY, concurrency, num_requests=9)
+    async with _client(server) as client:
+        window = await run_level(client, "http://x", [COMPLETION, CHAT], level, SETTINGS)
+    assert server.peak == concurrency
+    assert len(window.records) == 9 and all(r.ok for r in window.records)
+    # Requests are taken cyclically from the sample.
+    assert [r.index for r in window.records].count(1) == 4
+    assert not window.stopped
+
+
+async def test_open_loop_sends_on_schedule() -> None:
+    server = FakeServer(delay_s=0.2)
+    level = LoadLevel(LoadKind.RATE, 50.0, num_requests=10)
+    async with _client(server) as client:
+        window = await run_level(client, "http://x", [COMPLETION], level, SETTINGS)
+    assert len(window.records) == 10
+    assert server.peak > 3  # arrivals do not wait for completions
+
+
+def test_poisson_arrivals_are_seeded_with_the_right_rate() -> None:
+    level = LoadLevel(LoadKind.RATE, 4.0)
+    picked = [COMPLETION] * 4000
+    a, b = arrival_offsets(level, picked, seed=1), arrival_offsets(level, picked, seed=1)
+    assert a == b and a[0] == 0.0
+    gaps = [y - x for x, y in zip(a, a[1:], strict=False)]
+    assert statistics.fmean(gaps) == pytest.approx(0.25, rel=0.05)
+
+
+def test_sample_timestamps_start_at_zero() -> None:
+    reqs = [TrafficRequest(TrafficFormat.COMPLETIONS, prompt="p", arrival_s=t) for t in (10.0, 10.5, 12.0)]
+    assert arrival_offsets(LoadLevel(LoadKind.TIMESTAMPS), reqs, seed=0) == [0.0, 0.5, 2.0]
+
+
+async def test_should_stop_cancels_in_flight_requests() -> None:
+    server = FakeServer(delay_s=30.0)
+    level = LoadLevel(LoadKind.CONCURRENCY, 2, num_requests=100)
+    calls = 0
+
+    def stop() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls > 2
+
+    async with _client(server) as client:
+        window = await asyncio.wait_for(
+            run_level(client, "http://x", [COMPLETION], level, SETTINGS, should_stop=stop, poll_s=0.01), 5
+        )
+    assert window.stopped and window.records == ()
+    assert server.in_flight == 0

@@ -1,0 +1,68 @@
+"""``tuner trial`` wiring, run on the simulated engine (the real one is covered in test_vllm_real.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from tuner.domain import LoadKind
+from tuner.workers import trial_cli
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tuner")
+    trial_cli.register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+@pytest.fixture
+def traffic(tmp_path: Path) -> Path:
+    path = tmp_path / "traffic.jsonl"
+    lines = [{"prompt": f"def f{i}(x): return x", "output_tokens": 32} for i in range(4)]
+    lines.append({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16})
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_build_trial_from_flags(traffic: Path) -> None:
+    args = _parse(
+        [
+            "trial", "--model", "m", "--traffic", str(traffic), "--rate", "2", "8", "--num-requests", "5",
+            "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}',
+            "--serving", '{"max_model_len": 512}', "--gpu-ids", "0,1",
+        ]
+    )  # fmt: skip
+    trial = trial_cli.build_trial(args)
+    assert [(lv.kind, lv.value, lv.num_requests) for lv in trial.levels] == [
+        (LoadKind.RATE, 2.0, 5),
+        (LoadKind.RATE, 8.0, 5),
+    ]
+    assert trial.spec.to_vllm() == {"method": "ngram", "num_speculative_tokens": 3}
+    assert len(trial.requests) == 5 and trial.gpu_ids == (0, 1)
+    assert trial.serving.args == {"max_model_len": 512}
+
+
+def test_concurrency_and_rate_are_exclusive(traffic: Path) -> None:
+    with pytest.raises(SystemExit):
+        _parse(["trial", "--model", "m", "--traffic", str(traffic), "--concurrency", "1", "--rate", "2"])
+
+
+def test_simulated_engine_json_output(traffic: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = '{"method": "ngram", "num_speculative_tokens": 3}'
+    argv = ["trial", "--model", "m", "--traffic", str(traffic), "--engine", "simulated", "--json"]
+    args = _parse([*argv, "--concurrency", "1", "4", "--speculative-config", spec])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine"] == "simulated" and [lv["level"]["kind"] for lv in out["levels"]] == ["concurrency"] * 2
+
+
+def test_simulated_engine_human_summary(traffic: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = '{"method": "ngram", "num_speculative_tokens": 3}'
+    argv = ["trial", "--model", "m", "--traffic", str(traffic), "--engine", "simulated", "--speculative-config", spec]
+    assert trial_cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("trial succeeded: ngram k=3 on simulated")
+    assert "c1:" in text and "acceptance rate" in text

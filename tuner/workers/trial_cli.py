@@ -1,0 +1,158 @@
+"""``tuner trial``: run one trial from the command line and print its figures.
+
+    tuner trial --model M --traffic FILE [--speculative-config JSON]
+                [--concurrency N [N ...] | --rate R [R ...]] [--num-requests M] [--json]
+
+The traffic file is JSONL of ``{"prompt", "output_tokens"}`` or OpenAI chat requests, or ShareGPT JSON
+(anything :func:`tuner.traffic.parse_traffic` accepts). Each ``--concurrency``/``--rate`` value is one
+load level, all measured on one server launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tuner.domain import (
+    Evaluator,
+    LoadKind,
+    LoadLevel,
+    ModelRef,
+    ServingConfig,
+    SpecConfig,
+    TrialResult,
+    TrialSpec,
+    to_jsonable,
+)
+from tuner.workers.options import CPU_SERVER_ENV, RunnerOptions
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    """Add the ``trial`` subcommand; its ``func`` default takes the parsed args and returns an exit code."""
+    p = subparsers.add_parser("trial", help="run one server configuration at one or more load levels")
+    p.add_argument("--model", required=True, help="HF id or local path of the target model")
+    p.add_argument("--traffic", required=True, type=Path, help="JSONL / JSON / ShareGPT traffic sample")
+    p.add_argument("--speculative-config", default=None, help="vLLM speculative config as JSON (omit: none)")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, nargs="+", help="closed-loop levels (requests in flight)")
+    load.add_argument("--rate", type=float, nargs="+", help="open-loop Poisson levels (requests/s)")
+    load.add_argument("--timestamps", action="store_true", help="replay at the sample's own arrival times")
+    p.add_argument("--num-requests", type=int, default=32, help="measured requests per level")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up requests per level (not measured)")
+    p.add_argument("--serving", default="{}", help='vLLM serving args as JSON, e.g. {"max_model_len": 4096}')
+    p.add_argument("--gpu-ids", default=None, help="comma-separated physical GPU ids")
+    p.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
+    p.add_argument("--vllm-command", default=None, help='server argv prefix as JSON, e.g. ["vllm", "serve"]')
+    p.add_argument("--vllm-python", default=None, help="python of the vLLM venv (module entry point)")
+    p.add_argument("--cpu", action="store_true", help="add the environment vLLM needs on a CPU-only host")
+    p.add_argument("--log-dir", default=None)
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--json", action="store_true", help="print the TrialResult as JSON")
+    p.set_defaults(func=run)
+    return p
+
+
+def _levels(args: argparse.Namespace) -> tuple[LoadLevel, ...]:
+    common = {"num_requests": args.num_requests, "warmup_requests": args.warmup}
+    if args.rate:
+        return tuple(LoadLevel(LoadKind.RATE, r, **common) for r in args.rate)
+    if args.timestamps:
+        return (LoadLevel(LoadKind.TIMESTAMPS, 0.0, **common),)
+    return tuple(LoadLevel(LoadKind.CONCURRENCY, c, **common) for c in args.concurrency or [1])
+
+
+def build_trial(args: argparse.Namespace) -> TrialSpec:
+    from tuner.traffic import parse_traffic
+
+    requests = parse_traffic(args.traffic.read_bytes(), args.traffic.name)
+    spec = SpecConfig.from_vllm(json.loads(args.speculative_config) if args.speculative_config else None)
+    gpu_ids = tuple(int(x) for x in args.gpu_ids.split(",")) if args.gpu_ids else None
+    return TrialSpec(
+        model=ModelRef(args.model),
+        spec=spec,
+        levels=_levels(args),
+        requests=tuple(requests),
+        serving=ServingConfig(args=json.loads(args.serving)),
+        gpu_ids=gpu_ids,
+    )
+
+
+def _evaluator(args: argparse.Namespace) -> Evaluator:
+    if args.engine == "simulated":
+        from tuner.workers.simulated import SimulatedEngine
+
+        return SimulatedEngine()
+    from tuner.workers.vllm_runner import VllmRunner
+
+    return VllmRunner(
+        RunnerOptions(
+            vllm_command=tuple(json.loads(args.vllm_command)) if args.vllm_command else None,
+            vllm_python=args.vllm_python,
+            log_dir=args.log_dir,
+            startup_timeout_s=args.startup_timeout,
+            extra_env=dict(CPU_SERVER_ENV) if args.cpu else {},
+        )
+    )
+
+
+def format_summary(result: TrialResult) -> str:
+    """A human-readable summary: one line per level, then spec-decode figures, correctness, failure."""
+    lines = [
+        f"trial {result.status.value}: {result.spec.label()} on {result.engine.value} {result.vllm_version or ''}"
+        f" (startup {result.startup_s or 0:.1f} s, wall {result.wall_s or 0:.1f} s)".rstrip()
+    ]
+    for lr in result.levels:
+        row: list[Any] = [
+            f"  {lr.level.label:>6}: {lr.output_throughput:8.1f} tok/s {lr.request_throughput:6.2f} req/s",
+            f"TTFT p50/p99 {lr.ttft_ms.p50:.1f}/{lr.ttft_ms.p99:.1f} ms",
+            f"TPOT mean {lr.tpot_ms.mean:.2f} ms ITL p99 {lr.itl_ms.p99:.2f} ms",
+            f"errors {lr.errors}",
+        ]
+        if lr.achieved_concurrency is not None:
+            flag = " BELOW TARGET" if lr.below_target else ""
+            row.append(f"running {lr.achieved_concurrency:.1f}{flag}")
+        lines.append("  ".join(row))
+        sd = lr.spec_decode
+        if sd is not None:
+            per_pos = ", ".join(f"{r:.2f}" for r in sd.per_position_rate)
+            empty = f", empty steps {sd.empty_step_fraction:.0%}" if sd.empty_step_fraction is not None else ""
+            lines.append(
+                f"          acceptance rate {sd.acceptance_rate:.3f}, length {sd.acceptance_length:.2f},"
+                f" per position [{per_pos}], {sd.mean_proposed_per_draft:.2f} proposed/draft{empty}"
+            )
+    if result.correctness is not None:
+        c = result.correctness
+        lines.append(
+            f"  correctness: {'passed' if c.passed else 'DIVERGED'} (median prefix {c.median_prefix_fraction:.2f},"
+            f" identical {c.identical_fraction:.0%})"
+        )
+    if result.failure is not None:
+        lines.append(f"  failure [{result.failure.cls.value}]: {result.failure.reason}")
+    if result.log_path:
+        lines.append(f"  log: {result.log_path}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = _evaluator(args)(build_trial(args))
+    if args.json:
+        json.dump(to_jsonable(result), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_summary(result))
+    return 0 if result.status.has_figures() else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m tuner.workers.trial_cli trial ...``) until the main CLI wires it in."""
+    parser = argparse.ArgumentParser(prog="tuner")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
