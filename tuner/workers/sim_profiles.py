@@ -164,8 +164,13 @@ class ModelProfile:
         return self.compute_knee_tokens
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any]) -> ModelProfile:
-        """A profile from a Hugging Face ``config.json``: dense or MoE, size, KV width, native MTP heads."""
+    def from_hf_config(cls, config: Mapping[str, Any], *, gpus: int | None = None) -> ModelProfile:
+        """A profile from a Hugging Face ``config.json``: dense or MoE, size, KV width, native MTP heads.
+
+        Costs scale the 8B/H100 fit by bytes of weights read (memory bound at small batch) and active
+        parameters (compute); ``gpus`` (tensor parallel) defaults to the fewest 80 GB GPUs that hold the
+        weights with room for the KV cache.
+        """
         cfg = dict(config)
         text = cfg.get("text_config")
         if isinstance(text, Mapping):
@@ -183,32 +188,50 @@ class ModelProfile:
         attn = layers * hidden * (2 * hidden + 2 * kv_heads * head_dim)
         embed = 2 * vocab * hidden
         if moe:
-            moe_inter = float(cfg.get("moe_intermediate_size") or inter)
-            expert = 3 * hidden * moe_inter * layers
-            shared = float(cfg.get("n_shared_experts") or 0) * expert
-            active = attn + embed + shared + topk * expert
-            routed = experts * expert
+            expert = 3 * hidden * float(cfg.get("moe_intermediate_size") or inter) * layers
+            dense = attn + embed + float(cfg.get("n_shared_experts") or 0) * expert
+            active, routed = dense + topk * expert, experts * expert
         else:
-            active = attn + embed + 3 * hidden * inter * layers
-            routed = 0.0
-        scale = active / 8.0e9
-        kv_scale = layers * kv_heads * head_dim / (32 * 8 * 128)
-        if cfg.get("kv_lora_rank"):  # MLA caches a compressed latent
-            kv_scale = (
-                layers * (float(cfg["kv_lora_rank"]) + float(cfg.get("qk_rope_head_dim") or 64)) / (32 * 8 * 128 * 2)
-            )
+            active, routed = attn + embed + 3 * hidden * inter * layers, 0.0
+        width = weight_bytes(cfg)
+        total = (active if not moe else active - topk * expert + routed) * width
+        if gpus is None:
+            gpus = 2 ** max(0, math.ceil(math.log2(max(1.0, total / (0.7 * 80e9)))))
+        kv_per_token = 2 * layers * kv_heads * head_dim * 2
+        if cfg.get("kv_lora_rank"):  # MLA caches one compressed latent per layer
+            kv_per_token = layers * (float(cfg["kv_lora_rank"]) + float(cfg.get("qk_rope_head_dim") or 64)) * 2
+        read_ms = 4.8 / 16e9 / gpus  # H100: 16 GB of bf16 8B weights read in ~4.8 ms
         return cls(
             name=str(cfg.get("_name_or_path") or cfg.get("model_type") or "hf-model"),
             moe=moe,
             num_experts=experts if moe else 0,
             experts_per_token=topk if moe else 0,
-            target_step_ms=round(5.89 * (0.35 + 0.65 * scale), 3),
-            per_token_us=round(21.0 * scale, 3),
-            per_kv_token_us=round(0.039 * kv_scale, 5),
+            target_step_ms=round(1.09 + active * width * read_ms + 0.03 * layers * math.log2(gpus), 3),
+            per_token_us=round(21.0 * active / 8.0e9 / gpus, 3),
+            per_kv_token_us=round(0.039 * kv_per_token / 131_072 / gpus, 5),
             mtp_layers=mtp_layers(cfg),
-            expert_load_ms=round(5.89 * 0.65 * routed / 8.0e9, 3),
-            draft_cost_scale=round(min(1.0, max(0.3, 1.0 / math.sqrt(max(scale, 1e-3)))), 3),
+            compute_knee_tokens=round(96.0 * 2.0 / width, 1),
+            over_knee_us=round(35.0 * active / 8.0e9 / gpus, 3),
+            expert_load_ms=round((routed - topk * expert) * width * read_ms, 3) if moe else 0.0,
+            draft_cost_scale=round(min(1.0, max(0.3, math.sqrt(8.0e9 / active))), 3),
+            kv_capacity_tokens=int(max(10_000, (0.9 * 80e9 * gpus - total) / kv_per_token)),
         )
+
+
+def weight_bytes(config: Mapping[str, Any]) -> float:
+    """Bytes per weight from ``quantization_config`` (bf16 when absent)."""
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return 2.0
+    method = str(quant.get("quant_method", "")).lower()
+    bits = quant.get("bits") or quant.get("w_bit")
+    if bits:
+        return float(bits) / 8.0
+    if any(m in method for m in ("mxfp4", "nvfp4", "awq", "gptq", "fp4", "int4")):
+        return 0.5
+    if any(m in method for m in ("fp8", "int8", "compressed")):
+        return 1.0
+    return 2.0
 
 
 _MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules", "num_mtp_layers")
