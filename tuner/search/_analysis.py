@@ -1,0 +1,396 @@
+"""What the trials so far say: baseline, per-config figures, exclusions, predictions, winner and schedule.
+
+Everything here is recomputed from the stored trials on every call, so a planner rebuilt from storage after
+a crash reaches exactly the same decisions.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tuner.domain import (
+    SLO,
+    FailureClass,
+    LevelResult,
+    Method,
+    Objective,
+    SpecConfig,
+    TrialResult,
+    TrialStatus,
+)
+from tuner.search._space import MethodOptions, SearchSpace
+from tuner.search.cost_model import CostPoint, StepCost, fit, in_flight, step_time
+from tuner.search.extrapolation import AcceptanceCurve
+from tuner.search.objective import combine, level_metric, slo_violation
+from tuner.search.schedule import build_schedule
+
+DEFAULT_NOISE = 0.03
+SEARCH = ("baseline", "search")
+# Failure classes that say nothing about the configuration: the same config is queued again (at most twice).
+RETRYABLE = {FailureClass.INFRA, FailureClass.CANCELLED}
+MAX_RETRIES = 2
+MAX_SEARCH_REPEATS = 2
+
+
+@dataclass
+class Record:
+    """One stored Optuna trial as the planner sees it."""
+
+    number: int
+    state: str  # optuna TrialState name
+    spec: SpecConfig | None
+    purpose: str
+    result: TrialResult | None = None
+    skipped: str | None = None  # never launched (fail-fast)
+    abandoned: str | None = None
+    retry_of: int | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.state in {"RUNNING", "WAITING"} and self.result is None and not self.skipped
+
+    @property
+    def measured(self) -> bool:
+        return self.result is not None and self.result.status is TrialStatus.SUCCEEDED
+
+    @property
+    def launched(self) -> bool:
+        """Counts against the trial budget: proposed and not a not-launched/infrastructure failure."""
+        if self.skipped or self.abandoned or self.spec is None:
+            return False
+        if self.result is None:
+            return self.pending
+        f = self.result.failure
+        return not (f is not None and (f.cls is FailureClass.UNSUPPORTED or f.cls in RETRYABLE))
+
+
+@dataclass
+class ConfigStats:
+    spec: SpecConfig
+    numbers: list[int] = field(default_factory=list)
+    ratios: dict[str, list[float]] = field(default_factory=dict)  # per level, per run: metric / baseline
+    violations: dict[str, list[float]] = field(default_factory=dict)
+    diverged: bool = False
+
+    def per_level(self) -> dict[str, float]:
+        return {label: statistics.fmean(v) for label, v in self.ratios.items() if v}
+
+    @property
+    def runs(self) -> int:
+        return len(self.numbers)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An untried configuration with its prediction (None: nothing known about its arm yet)."""
+
+    spec: SpecConfig
+    option: MethodOptions
+    per_level: Mapping[str, float] | None
+    predicted: float | None
+    optimistic: float  # inf when unknown
+
+
+class Analysis:
+    def __init__(
+        self,
+        space: SearchSpace,
+        records: Sequence[Record],
+        *,
+        labels: Sequence[str],
+        weights: Mapping[str, float],
+        objective: Objective,
+        slo: SLO,
+        noise: float | None,
+        concurrency: Mapping[str, int | None],
+        max_num_seqs: int | None = None,
+    ) -> None:
+        self.space = space
+        self.records = list(records)
+        self.labels = list(labels)
+        self.weights = dict(weights)
+        self.objective = objective
+        self.slo = slo
+        self.concurrency = dict(concurrency)
+        self.max_num_seqs = max_num_seqs
+        self.notes: list[str] = []
+        search = [r for r in self.records if r.purpose in SEARCH]
+        self.search_records = search
+        self.baseline_runs = [r for r in search if r.spec is not None and r.spec.is_off and r.measured]
+        self.baseline_failed = next(
+            (r for r in search if r.purpose == "baseline" and r.result is not None and not r.measured
+             and r.result.failure is not None and r.result.failure.cls not in RETRYABLE),
+            None,
+        )
+        self.baseline: dict[str, LevelResult] = {}
+        self.baseline_metric: dict[str, float] = {}
+        self.baseline_step: dict[str, float] = {}
+        self.baseline_c: dict[str, float] = {}
+        self.baseline_violation: dict[str, float] = {}
+        self._baseline_figures()
+        self.excluded_arms: dict[str, str] = {}
+        self.failed_configs: dict[str, str] = {}
+        self.caps: dict[str, int] = {}
+        self._failures()
+        self.stats = self._config_stats(search)
+        self.noise = noise if noise is not None else self._estimate_noise()
+        self._curves: dict[tuple[str, str], tuple[AcceptanceCurve | None, StepCost | None, int]] = {}
+
+    # ---------------------------------------------------------------------------------------------- inputs
+    def _baseline_figures(self) -> None:
+        for label in self.labels:
+            lrs = [lr for r in self.baseline_runs if (lr := r.result.level(label)) is not None]
+            if not lrs:
+                continue
+            self.baseline[label] = lrs[0]
+            self.baseline_metric[label] = statistics.fmean(level_metric(lr, self.objective) for lr in lrs)
+            steps = [s for lr in lrs if (s := step_time(lr, 1.0)) is not None]
+            if steps:
+                self.baseline_step[label] = statistics.fmean(steps)
+            self.baseline_c[label] = statistics.fmean(in_flight(lr) for lr in lrs)
+            self.baseline_violation[label] = statistics.fmean(slo_violation(lr, self.slo) for lr in lrs)
+
+    @property
+    def has_baseline(self) -> bool:
+        return bool(self.baseline_metric) and len(self.baseline_metric) == len(self.labels)
+
+    def option_of(self, spec: SpecConfig) -> MethodOptions | None:
+        return self.space.option_for(spec)
+
+    def _failures(self) -> None:
+        for r in self.records:
+            if r.spec is None or r.spec.is_off or r.result is None:
+                continue
+            opt = self.option_of(r.spec)
+            arm = opt.key if opt else r.spec.method.value
+            if r.result.status is TrialStatus.DIVERGED:
+                self.excluded_arms.setdefault(arm, f"outputs diverged from the baseline in trial {r.number}")
+                self.failed_configs.setdefault(r.spec.key(), f"outputs diverged from the baseline in trial {r.number}")
+                continue
+            f = r.result.failure
+            if r.result.status is not TrialStatus.FAILED or f is None:
+                if r.result.status is TrialStatus.SKIPPED:
+                    self.failed_configs.setdefault(r.spec.key(), "skipped by the runner")
+                continue
+            if r.purpose == "confirm" and f.cls not in RETRYABLE:
+                self.failed_configs.setdefault(r.spec.key(), f"{f.cls.value} on a confirmation run ({f.reason})")
+            elif f.cls is FailureClass.UNSUPPORTED:
+                self.excluded_arms.setdefault(arm, f"unsupported: {f.reason}")
+            elif f.cls is FailureClass.OOM and r.spec.schedule is None:
+                k = r.spec.num_speculative_tokens
+                self.caps[arm] = min(self.caps.get(arm, k), k)
+            elif f.cls in {FailureClass.CRASH, FailureClass.STARTUP_TIMEOUT}:
+                self.excluded_arms.setdefault(arm, f"{f.cls.value} at start in trial {r.number}: {f.reason}")
+            elif f.cls not in RETRYABLE:
+                self.failed_configs.setdefault(r.spec.key(), f"{f.cls.value} in trial {r.number}: {f.reason}")
+
+    def _config_stats(self, records: Sequence[Record]) -> dict[str, ConfigStats]:
+        out: dict[str, ConfigStats] = {}
+        if not self.has_baseline:
+            return out
+        for r in records:
+            if r.spec is None or r.result is None or not r.result.status.has_figures():
+                continue
+            st = out.setdefault(r.spec.key(), ConfigStats(r.spec))
+            st.numbers.append(r.number)
+            st.diverged |= r.result.status is TrialStatus.DIVERGED
+            for label in self.labels:
+                lr = r.result.level(label)
+                if lr is None:
+                    continue
+                st.ratios.setdefault(label, []).append(level_metric(lr, self.objective) / self.baseline_metric[label])
+                st.violations.setdefault(label, []).append(slo_violation(lr, self.slo))
+        return out
+
+    def _estimate_noise(self) -> float:
+        """Pooled relative spread of repeated measurements of one config; 3% until there are repeats."""
+        devs: list[float] = []
+        for st in self.stats.values():
+            if st.runs < 2:
+                continue
+            per_run = [
+                combine({lb: v[i] for lb, v in st.ratios.items() if len(v) > i}, self.weights) for i in range(st.runs)
+            ]
+            logs = [math.log(x) for x in per_run]
+            mean = statistics.fmean(logs)
+            devs.extend((x - mean) ** 2 * st.runs / (st.runs - 1) for x in logs)
+        if len(devs) < 2:
+            return DEFAULT_NOISE
+        return max(0.01, min(0.2, math.sqrt(statistics.fmean(devs))))
+
+    # ----------------------------------------------------------------------------------------- feasibility
+    def infeasible_levels(self, st: ConfigStats) -> list[str]:
+        """Levels where this config breaks a p99 SLO the baseline meets (levels the baseline breaks too are
+        a capacity problem speculation is not asked to solve, and are ignored)."""
+        if self.slo.is_empty():
+            return []
+        bad = []
+        for label, v in st.violations.items():
+            if v and statistics.fmean(v) > 0 and self.baseline_violation.get(label, -1.0) <= 0:
+                bad.append(label)
+        return bad
+
+    def eligible(self, st: ConfigStats) -> bool:
+        return (
+            not st.diverged
+            and not self.infeasible_levels(st)
+            and st.spec.key() not in self.failed_configs
+            and (st.spec.is_off or (self.option_of(st.spec) is not None))
+        )
+
+    def speedup(self, st: ConfigStats) -> float:
+        return combine(st.per_level(), self.weights)
+
+    def ranked(self) -> list[ConfigStats]:
+        """Eligible static configs (no schedule), best objective first; off always present once measured."""
+        rows = [st for st in self.stats.values() if st.spec.schedule is None and self.eligible(st)]
+        return sorted(rows, key=lambda st: (-self.speedup(st), st.numbers[0]))
+
+    def incumbent(self) -> ConfigStats | None:
+        ranked = self.ranked()
+        return ranked[0] if ranked else None
+
+    # ------------------------------------------------------------------------------------------ prediction
+    def _arm_model(self, opt: MethodOptions, lookup: tuple[int, int] | None) -> tuple:
+        key = (opt.key, repr(lookup))
+        if key in self._curves:
+            return self._curves[key]
+        rows = [
+            st for st in self.stats.values()
+            if st.spec.schedule is None and self.option_of(st.spec) is opt
+            and (lookup is None or (st.spec.prompt_lookup_min, st.spec.prompt_lookup_max) == lookup)
+        ]
+        results = [r.result for r in self.search_records
+                   if r.result is not None and r.result.status.has_figures() and r.spec is not None
+                   and any(r.number in st.numbers for st in rows)]
+        curve = None
+        cost = None
+        depth = 0
+        if results and self.baseline_step:
+            use_steps = not opt.fixed_length and all(
+                lr.spec_decode is not None and lr.spec_decode.decode_steps for res in results for lr in res.levels
+            )
+            curve = AcceptanceCurve.pooled(
+                (lr.spec_decode for res in results for lr in res.levels if lr.spec_decode is not None), use_steps
+            )
+            depth = max(res.spec.num_speculative_tokens for res in results)
+            points = []
+            for res in results:
+                k = res.spec.num_speculative_tokens
+                for label in self.labels:
+                    lr = res.level(label)
+                    if lr is None or label not in self.baseline_step:
+                        continue
+                    sd = lr.spec_decode
+                    if sd is not None and sd.num_drafts and not use_steps:
+                        tau = sd.acceptance_length
+                    else:
+                        tau = curve.tau(k) if curve else 1.0
+                    st = step_time(lr, tau)
+                    if st is not None:
+                        points.append(CostPoint(self.baseline_c[label], k, st - self.baseline_step[label]))
+            cost = fit(points, block=opt.method in {Method.DFLASH, Method.DSPARK})
+        self._curves[key] = (curve, cost, depth)
+        return self._curves[key]
+
+    def predict(self, opt: MethodOptions, spec: SpecConfig) -> tuple[dict[str, float] | None, float]:
+        """Per-level predicted speedups and the optimism margin; (None, inf) when the arm is unmeasured."""
+        if spec.is_off:
+            return dict.fromkeys(self.labels, 1.0), 0.0
+        lookup = (spec.prompt_lookup_min, spec.prompt_lookup_max) if opt.lookups else None
+        curve, cost, depth = self._arm_model(opt, lookup)
+        if curve is None or cost is None or not self.has_baseline:
+            return None, math.inf
+        k = spec.num_speculative_tokens
+        tau = curve.tau(k)
+        per_level = {}
+        for label in self.labels:
+            t_off = self.baseline_step[label]
+            per_level[label] = tau * t_off / (t_off + cost.extra(self.baseline_c[label], k))
+        n = self.noise
+        margin = n / 2 if opt.fixed_length and k <= depth else 3 * n
+        return per_level, margin
+
+    def candidates(self, pending_keys: set[str]) -> list[Candidate]:
+        """Untried configurations of arms still in play, with predictions."""
+        out = []
+        for opt in self.space.options:
+            if opt.method is Method.OFF or opt.key in self.excluded_arms:
+                continue
+            cap = self.caps.get(opt.key)
+            for spec in opt.specs():
+                key = spec.key()
+                if cap is not None and spec.num_speculative_tokens >= cap:
+                    continue
+                if key in self.stats or key in pending_keys or key in self.failed_configs:
+                    continue
+                per_level, margin = self.predict(opt, spec)
+                if per_level is None:
+                    out.append(Candidate(spec, opt, None, None, math.inf))
+                else:
+                    pred = combine(per_level, self.weights)
+                    out.append(Candidate(spec, opt, per_level, pred, pred * (1 + margin)))
+        return out
+
+    def threshold(self) -> float:
+        """An untried candidate is worth a trial when its optimistic prediction beats this."""
+        inc = self.incumbent()
+        base = self.speedup(inc) if inc is not None else 1.0
+        return max(1.0, base) * (1 + self.noise)
+
+    # -------------------------------------------------------------------------------------- the answer
+    def winner(self) -> ConfigStats | None:
+        """Best eligible static config from the search trials (off if nothing else was measured)."""
+        return self.incumbent()
+
+    def schedule(self) -> tuple[SpecConfig | None, float, dict[str, float], list[str]]:
+        """The best per-batch-size schedule over one method+draft (None if K would not vary)."""
+        notes: list[str] = []
+        if any(self.concurrency.get(label) is None for label in self.labels):
+            return None, 0.0, {}, ["no schedule: some levels are not closed-loop concurrencies"]
+        best: tuple[float, SpecConfig, dict[str, float]] | None = None
+        for opt in self.space.options:
+            if not opt.method.supports_batch_schedule or opt.key in self.excluded_arms:
+                continue
+            for lookup in opt.lookups or (None,):
+                picks: dict[str, tuple[int, float]] = {}
+                for label in self.labels:
+                    choice = (0, 1.0)
+                    for spec in (opt.spec(k, lookup) for k in opt.depths):
+                        cap = self.caps.get(opt.key)
+                        if cap is not None and spec.num_speculative_tokens >= cap:
+                            continue
+                        st = self.stats.get(spec.key())
+                        if st is not None:
+                            if not self.eligible(st) or label not in st.per_level():
+                                continue
+                            s = st.per_level()[label]
+                        elif opt.fixed_length and spec.key() not in self.failed_configs:
+                            per_level, _ = self.predict(opt, spec)
+                            if per_level is None or spec.num_speculative_tokens > self._arm_model(opt, lookup)[2]:
+                                continue
+                            s = per_level[label]
+                        else:
+                            continue
+                        if s > choice[1]:
+                            choice = (spec.num_speculative_tokens, s)
+                    picks[label] = choice
+                ks = {label: k for label, (k, _) in picks.items()}
+                if len(set(ks.values())) < 2 or max(ks.values()) == 0:
+                    continue
+                value = combine({label: s for label, (_, s) in picks.items()}, self.weights)
+                by_c = {int(self.concurrency[label]): k for label, k in ks.items()}
+                lo, hi = lookup if lookup else (None, None)
+                spec = SpecConfig(
+                    method=opt.method, num_speculative_tokens=max(ks.values()), model=opt.draft,
+                    prompt_lookup_min=lo, prompt_lookup_max=hi,
+                    schedule=build_schedule(by_c, self.max_num_seqs),
+                )
+                if best is None or value > best[0]:
+                    best = (value, spec, {label: s for label, (_, s) in picks.items()})
+        if best is None:
+            return None, 0.0, {}, notes
+        return best[1], best[0], best[2], notes

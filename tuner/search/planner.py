@@ -1,0 +1,509 @@
+"""The Optuna-backed planner: one study per job, ask/tell over whole server configurations.
+
+How a job is searched (all decisions are recomputed from the stored trials, so a planner rebuilt from the
+same storage and study name after a crash continues where it stopped without re-running anything):
+
+1. The baseline (no speculation) is enqueued first; its figures are the denominator of every speedup.
+2. Each arm (method + draft, and each ngram lookup window) is probed once: fixed-length drafters at their
+   deepest allowed depth, because one trial at depth K predicts the acceptance length of every depth <= K
+   (``extrapolation.py``); variable-length proposers at the depth nearest 4, measured directly.
+3. After that, every untried configuration gets a prediction from its arm's acceptance curve and fitted
+   step-cost model (``cost_model.py``). The most promising one is enqueued when its optimistic prediction
+   beats the incumbent by more than the noise; when the most promising is a variable-length proposer, the
+   seeded multivariate TPE sampler (``group=True`` for the conditional depth/lookup parameters,
+   ``constant_liar=True`` for parallel pending trials, SLOs as per-level trial constraints: Optuna 5's
+   ``Trial.set_constraint``, which replaced the deprecated ``constraints_func``) picks among the
+   candidates worth a trial. The search stops when no untried candidate is worth one, or the budget is
+   spent; every candidate left untried is reported with its prediction. Two measured configs within noise
+   of each other are re-measured (at most twice per search).
+4. Confirmation: the baseline, the static winner and the per-batch-size schedule (when K varies by level)
+   are each re-measured ``confirm_runs`` times on fresh servers; the recommendation's speedup comes from
+   these runs, paired run by run with the baseline.
+
+Failures keep their class: ``unsupported_config`` excludes the method+draft and does not count against
+``budget.max_trials``; ``oom`` narrows that arm's depths to below the failed depth; a crash or startup
+timeout excludes the arm; a diverged trial is never recommended and stops its arm; infrastructure
+failures re-queue the same configuration (at most twice). Nothing else is retried.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.domain import (
+    SLO,
+    Budget,
+    Engine,
+    LoadLevel,
+    Method,
+    Objective,
+    Proposal,
+    SpecConfig,
+    Speedup,
+    TrialResult,
+    TrialStatus,
+    TuneOutcome,
+    fingerprint,
+    from_jsonable,
+    to_jsonable,
+)
+from tuner.search._analysis import (
+    MAX_RETRIES,
+    MAX_SEARCH_REPEATS,
+    RETRYABLE,
+    Analysis,
+    Candidate,
+    Record,
+)
+from tuner.search._outcome import build_outcome
+from tuner.search._space import SearchSpace
+from tuner.search.objective import constraints, log_value, weights_for
+
+TPE_ATTEMPTS = 3
+NO_SLO = SLO()
+DEFAULT_BUDGET = Budget()
+
+
+def _lookup_label(lookup: tuple[int, int]) -> str:
+    return f"{lookup[0]}-{lookup[1]}"
+
+
+class OptunaPlanner:
+    """Implements ``tuner.domain.Planner`` over an Optuna study (see the module docstring for the method).
+
+    ``ask()`` returns the next proposal, or None when there is nothing to run *right now*: with no trial
+    pending that means the job is done (``finished`` is then True); with trials pending, call again after
+    the next ``tell``. ``ask_batch(n)`` returns up to n proposals for parallel runners.
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        levels: Sequence[LoadLevel],
+        *,
+        objective: Objective = Objective.THROUGHPUT,
+        slo: SLO = NO_SLO,
+        budget: Budget = DEFAULT_BUDGET,
+        storage: str | None = None,
+        study_name: str = "spec-tuner",
+        seed: int = 0,
+        confirm_runs: int = 3,
+        level_weights: Mapping[str, float] | None = None,
+        noise: float | None = None,
+        max_num_seqs: int | None = None,
+        n_startup_trials: int = 4,
+    ) -> None:
+        if not levels:
+            raise ValueError("at least one load level is needed")
+        self.space = space
+        self.levels = tuple(levels)
+        self.labels = [lv.label for lv in self.levels]
+        self.objective = Objective(objective)
+        self.slo = slo
+        self.budget = budget
+        self.confirm_runs = max(0, int(confirm_runs))
+        self.weights = weights_for(self.labels, level_weights)
+        self.noise = noise
+        self.max_num_seqs = max_num_seqs
+        self._lock = threading.RLock()
+        self._cache: dict[int, Record] = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(
+                seed=seed,
+                multivariate=True,
+                group=True,
+                constant_liar=True,
+                n_startup_trials=n_startup_trials,
+            )
+        self.study = optuna.create_study(
+            storage=storage, study_name=study_name, direction="maximize", sampler=sampler, load_if_exists=True
+        )
+        self._fingerprint = fingerprint(
+            {"grid": [s.to_vllm() for s in space.grid()], "levels": self.levels, "objective": self.objective}
+        )
+        attrs = self.study.user_attrs
+        if "space" not in attrs:
+            self.study.set_user_attr("space", self._fingerprint)
+            self.study.set_user_attr("started_at", time.time())
+            self._enqueue(SpecConfig(), "baseline")
+        elif attrs["space"] != self._fingerprint:
+            raise ValueError(f"study {study_name!r} holds a different search space or levels; use a new name")
+
+    # ------------------------------------------------------------------------------------------ contract
+    def ask(self) -> Proposal | None:
+        with self._lock:
+            return self._ask()
+
+    def ask_batch(self, n: int) -> list[Proposal]:
+        """Up to ``n`` proposals to run in parallel (fewer when fewer are worth running now)."""
+        out: list[Proposal] = []
+        with self._lock:
+            for _ in range(max(0, n)):
+                p = self._ask()
+                if p is None:
+                    break
+                out.append(p)
+        return out
+
+    def tell(self, number: int, result: TrialResult) -> None:
+        """Record the result of trial ``number``; a second tell for the same number is ignored."""
+        with self._lock:
+            t = self._frozen(number)
+            if t.state.is_finished() or "result" in t.user_attrs or "spec" not in t.user_attrs:
+                return
+            trial = optuna.trial.Trial(self.study, t._trial_id)
+            trial.set_user_attr("result", to_jsonable(result))
+            if result.status.has_figures():
+                # SLOs as Optuna constraints, one per level (<= 0 feasible): TPE ranks infeasible trials last
+                for label, v in zip(self.labels, constraints(result, self.slo, self.labels), strict=True):
+                    trial.set_constraint(label, v)
+            value = log_value(result, self.objective, self.weights) if result.status.has_figures() else None
+            if value is not None and math.isfinite(value):
+                self.study.tell(number, value)
+            else:
+                self.study.tell(number, state=TrialState.FAIL)
+            f = result.failure
+            if result.status is TrialStatus.FAILED and f is not None and f.cls in RETRYABLE:
+                self._requeue(t, f"{f.cls.value}: {f.reason}")
+            self._cache.pop(number, None)
+
+    def abandon(self, number: int, reason: str) -> None:
+        """The runner of trial ``number`` died: mark it FAIL (never left RUNNING) and queue it again."""
+        with self._lock:
+            t = self._frozen(number)
+            if t.state.is_finished() or "result" in t.user_attrs:
+                return
+            optuna.trial.Trial(self.study, t._trial_id).set_user_attr("abandoned", reason)
+            self.study.tell(number, state=TrialState.FAIL)
+            self._requeue(t, reason)
+            self._cache.pop(number, None)
+
+    def outcome(self) -> TuneOutcome:
+        with self._lock:
+            records = self._records()
+            return build_outcome(self, self._analysis(records), records)[0]
+
+    def schedule_speedup(self) -> Speedup | None:
+        """The schedule's own speedup from its confirmation runs (None until they exist)."""
+        with self._lock:
+            records = self._records()
+            return build_outcome(self, self._analysis(records), records)[1]
+
+    # ------------------------------------------------------------------------------------------ helpers
+    @property
+    def finished(self) -> bool:
+        """True when the search and the confirmations are complete (nothing pending, nothing left to ask)."""
+        with self._lock:
+            records = self._records()
+            if any(r.pending for r in records):
+                return False
+            return self._peek_done(records)
+
+    def pending(self) -> list[Proposal]:
+        """Trials proposed and not yet told (after a crash: abandon them, or re-dispatch them)."""
+        with self._lock:
+            return [
+                Proposal(r.number, r.spec, r.purpose)
+                for r in self._records()
+                if r.pending and r.state == "RUNNING" and r.spec is not None
+            ]
+
+    def history(self) -> list[tuple[Proposal, TrialResult]]:
+        """Every told trial in order, the previous processes' included."""
+        with self._lock:
+            return [
+                (Proposal(r.number, r.spec, r.purpose), r.result)
+                for r in self._records()
+                if r.result is not None and r.spec is not None
+            ]
+
+    def baseline_reference(self) -> tuple[tuple[int, ...], ...] | None:
+        """The baseline's greedy outputs, the correctness reference for every later trial."""
+        for r in self._records():
+            if r.spec is not None and r.spec.is_off and r.result is not None and r.result.reference_outputs:
+                return r.result.reference_outputs
+        return None
+
+    def _frozen(self, number: int) -> FrozenTrial:
+        trials = self.study.get_trials(deepcopy=False)
+        if 0 <= number < len(trials) and trials[number].number == number:
+            return trials[number]
+        for t in trials:
+            if t.number == number:
+                return t
+        raise KeyError(f"no trial {number} in study {self.study.study_name!r}")
+
+    def _records(self) -> list[Record]:
+        out = []
+        for t in self.study.get_trials(deepcopy=False):
+            cached = self._cache.get(t.number)
+            if cached is not None and cached.state == t.state.name:
+                out.append(cached)
+                continue
+            ua = t.user_attrs
+            spec = from_jsonable(SpecConfig, ua["spec"]) if "spec" in ua else None
+            result = from_jsonable(TrialResult, ua["result"]) if "result" in ua else None
+            rec = Record(
+                number=t.number, state=t.state.name, spec=spec, purpose=ua.get("purpose", "search"),
+                result=result, skipped=ua.get("skipped"), abandoned=ua.get("abandoned"), retry_of=ua.get("retry_of"),
+            )
+            if t.state.is_finished():
+                self._cache[t.number] = rec
+            out.append(rec)
+        return out
+
+    def _analysis(self, records: list[Record]) -> Analysis:
+        return Analysis(
+            self.space, records, labels=self.labels, weights=self.weights, objective=self.objective,
+            slo=self.slo, noise=self.noise, concurrency={lv.label: lv.concurrency for lv in self.levels},
+            max_num_seqs=self.max_num_seqs,
+        )
+
+    def _params(self, spec: SpecConfig) -> dict[str, Any] | None:
+        if spec.schedule is not None:
+            return None
+        opt = self.space.option_for(spec)
+        if opt is None:
+            return None
+        params: dict[str, Any] = {"arm": opt.key}
+        if opt.method is not Method.OFF:
+            params[f"k:{opt.key}"] = spec.num_speculative_tokens
+            if opt.lookups:
+                params[f"lookup:{opt.key}"] = _lookup_label((spec.prompt_lookup_min, spec.prompt_lookup_max))
+        return params
+
+    def _suggest(self, trial: optuna.Trial) -> SpecConfig:
+        """Register (or sample) the conditional parameters and return the config they name."""
+        arm = trial.suggest_categorical("arm", [o.key for o in self.space.options])
+        opt = self.space.option(arm)
+        if opt is None or opt.method is Method.OFF:
+            return SpecConfig()
+        k = trial.suggest_categorical(f"k:{arm}", list(opt.depths))
+        lookup = None
+        if opt.lookups:
+            label = trial.suggest_categorical(f"lookup:{arm}", [_lookup_label(x) for x in opt.lookups])
+            lookup = tuple(int(x) for x in label.split("-"))
+        return opt.spec(int(k), lookup)
+
+    def _enqueue(self, spec: SpecConfig, purpose: str, **attrs: Any) -> None:
+        user_attrs = {"spec": to_jsonable(spec), "purpose": purpose, **attrs}
+        self.study.enqueue_trial(self._params(spec) or {}, user_attrs=user_attrs)
+
+    def _requeue(self, t: FrozenTrial, reason: str) -> None:
+        root = t.user_attrs.get("retry_of", t.number)
+        retries = sum(1 for r in self._records() if r.retry_of == root)
+        if retries >= MAX_RETRIES or "spec" not in t.user_attrs:
+            return
+        self.study.enqueue_trial(
+            dict(t.params),
+            user_attrs={"spec": t.user_attrs["spec"], "purpose": t.user_attrs.get("purpose", "search"),
+                        "retry_of": root, "requeued_because": reason},
+        )
+
+    def _pop(self) -> Proposal:
+        """Start the oldest queued trial."""
+        trial = self.study.ask()
+        spec = from_jsonable(SpecConfig, trial.user_attrs["spec"])
+        if self._params(spec) is not None:
+            self._suggest(trial)
+        return Proposal(trial.number, spec, trial.user_attrs.get("purpose", "search"))
+
+    def _propose(self, spec: SpecConfig, purpose: str, **attrs: Any) -> Proposal:
+        self._enqueue(spec, purpose, **attrs)
+        return self._pop()
+
+    # ------------------------------------------------------------------------------------------ planning
+    def _ask(self) -> Proposal | None:
+        records = self._records()
+        if any(r.state == "WAITING" for r in records):
+            return self._pop()
+        a = self._analysis(records)
+        if "search_finished" not in self.study.user_attrs:
+            step = self._next_search(a, records)
+            if isinstance(step, Proposal):
+                return step
+            if isinstance(step, SpecConfig):
+                return self._propose(step, "search")
+            if any(r.pending and r.purpose in ("baseline", "search") for r in records):
+                return None
+            self.study.set_user_attr("search_finished", step or "stopping rule: no untried candidate is worth a trial")
+        elif any(r.pending and r.purpose in ("baseline", "search") for r in records):
+            return None
+        return self._next_confirm(a, records)
+
+    def _search_budget_left(self, records: list[Record]) -> int:
+        used = sum(1 for r in records if r.purpose in ("baseline", "search") and r.launched)
+        return self.budget.max_trials - used
+
+    def _next_search(self, a: Analysis, records: list[Record]) -> Proposal | SpecConfig | str | None:
+        """A proposal/spec to run, None to wait for pending trials, or a string: the reason the search ends."""
+        if a.baseline_failed is not None:
+            f = a.baseline_failed.result.failure
+            return f"the baseline failed ({f.cls.value}: {f.reason}); nothing can be compared"
+        if self._search_budget_left(records) <= 0:
+            return f"budget: {self.budget.max_trials} trials run"
+        started = self.study.user_attrs.get("started_at", time.time())
+        if self.budget.max_wall_s is not None and time.time() - started > self.budget.max_wall_s:
+            return f"budget: {self.budget.max_wall_s:g} s of wall time spent"
+        pending_keys = {r.spec.key() for r in records if r.pending and r.spec is not None}
+        cands = a.candidates(pending_keys)
+        probe = self._probe(a, cands, records)
+        if probe is not None:
+            return probe
+        if not a.has_baseline:
+            worth = [c for c in cands]
+            return self._tpe_pick(worth, a) if worth else None
+        threshold = a.threshold()
+        worth = sorted((c for c in cands if c.optimistic > threshold), key=lambda c: -c.optimistic)
+        if worth:
+            top = worth[0]
+            if top.option.fixed_length:
+                return top.spec
+            return self._tpe_pick([c for c in worth if not c.option.fixed_length], a)
+        repeat = self._repeat(a, records)
+        if repeat is not None:
+            return repeat
+        return None if any(r.pending and r.purpose in ("baseline", "search") for r in records) else ""
+
+    def _probe(self, a: Analysis, cands: list[Candidate], records: list[Record]) -> SpecConfig | None:
+        """The first measurement of an arm (and of each ngram lookup window) nobody has measured or queued."""
+        covered: set[tuple[str, Any]] = set()
+        for r in records:
+            if r.spec is None or r.spec.is_off or r.spec.schedule is not None:
+                continue
+            if r.pending or (r.result is not None and r.result.status.has_figures()):
+                covered.add(self._probe_key(r.spec))
+        for opt in self.space.options:
+            if opt.method is Method.OFF or opt.key in a.excluded_arms:
+                continue
+            for lookup in opt.lookups or (None,):
+                if (opt.key, lookup) in covered:
+                    continue
+                mine = [c for c in cands if c.option is opt and self._probe_key(c.spec)[1] == lookup]
+                if not mine:
+                    continue
+                depths = [c.spec.num_speculative_tokens for c in mine]
+                if opt.fixed_length:
+                    depth = max(depths)
+                else:
+                    depth = min(depths, key=lambda d: (abs(d - 4), d))
+                return opt.spec(depth, lookup)
+        return None
+
+    @staticmethod
+    def _probe_key(spec: SpecConfig) -> tuple[str, Any]:
+        key = spec.method.value if spec.model is None else f"{spec.method.value}@{spec.model}"
+        lookup = None
+        if spec.prompt_lookup_min is not None or spec.prompt_lookup_max is not None:
+            lookup = (spec.prompt_lookup_min, spec.prompt_lookup_max)
+        return key, lookup
+
+    def _tpe_pick(self, worth: list[Candidate], a: Analysis) -> Proposal | SpecConfig | None:
+        """Let TPE choose among the candidates worth a trial; samples outside that set fail fast, unlaunched."""
+        if not worth:
+            return None
+        keys = {c.spec.key() for c in worth}
+        for _ in range(TPE_ATTEMPTS):
+            trial = self.study.ask()
+            spec = self._suggest(trial)
+            trial.set_user_attr("spec", to_jsonable(spec))
+            trial.set_user_attr("purpose", "search")
+            if spec.key() in keys:
+                return Proposal(trial.number, spec, "search")
+            trial.set_user_attr("skipped", self._why_not(spec, a))
+            self.study.tell(trial, state=TrialState.FAIL)
+        return worth[0].spec
+
+    def _why_not(self, spec: SpecConfig, a: Analysis) -> str:
+        opt = self.space.option_for(spec)
+        if spec.key() in a.stats:
+            return "already measured"
+        if opt is not None and opt.key in a.excluded_arms:
+            return a.excluded_arms[opt.key]
+        if spec.key() in a.failed_configs:
+            return a.failed_configs[spec.key()]
+        return "queued already, or predicted not to beat the incumbent beyond noise"
+
+    def _repeat(self, a: Analysis, records: list[Record]) -> SpecConfig | None:
+        """Re-measure where the best configs of two different arms are within noise of each other."""
+        repeats = sum(1 for r in records if r.purpose == "search" and r.launched and r.spec is not None
+                      and any(o.spec.key() == r.spec.key() and o.number < r.number for o in records
+                              if o.purpose in ("baseline", "search") and o.launched and o.spec is not None))
+        if repeats >= MAX_SEARCH_REPEATS or self._search_budget_left(records) <= 0:
+            return None
+        ranked = a.ranked()
+        if len(ranked) < 2:
+            return None
+        first = ranked[0]
+        arm = self._probe_key(first.spec)[0]
+        second = next((st for st in ranked[1:] if self._probe_key(st.spec)[0] != arm), None)
+        # two depths of one arm within noise are as good as each other; two arms are worth separating
+        if second is None or a.speedup(first) > a.speedup(second) * (1 + a.noise):
+            return None
+        for st in (first, second):
+            if st.runs < 2 and not st.spec.is_off:
+                return st.spec
+        return None
+
+    def _targets(self, a: Analysis) -> list[tuple[str, SpecConfig]]:
+        """What confirmation re-measures: the baseline, the winner and the schedule, when worth it."""
+        if self.confirm_runs <= 0 or not a.has_baseline:
+            return []
+        out: list[tuple[str, SpecConfig]] = []
+        win = a.winner()
+        if win is not None and not win.spec.is_off and a.speedup(win) > 1 + a.noise:
+            out.append(("winner", win.spec))
+        sched, value, _, _ = a.schedule()
+        if sched is not None and value > 1 + a.noise and (win is None or sched.key() != win.spec.key()):
+            out.append(("schedule", sched))
+        return [("baseline", SpecConfig()), *out] if out else []
+
+    def _confirm_counts(self, records: list[Record]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in records:
+            if r.purpose != "confirm" or r.spec is None:
+                continue
+            ok = r.pending or (r.result is not None and r.result.status is TrialStatus.SUCCEEDED)
+            if ok:
+                counts[r.spec.key()] = counts.get(r.spec.key(), 0) + 1
+        return counts
+
+    def _next_confirm(self, a: Analysis, records: list[Record]) -> Proposal | None:
+        targets = [(role, spec) for role, spec in self._targets(a) if spec.key() not in a.failed_configs]
+        if not targets:
+            return None
+        counts = self._confirm_counts(records)
+        confirm_total = sum(1 for r in records if r.purpose == "confirm")
+        if confirm_total >= 4 * self.confirm_runs * 3:
+            return None
+        todo = [(counts.get(s.key(), 0), i, role, s) for i, (role, s) in enumerate(targets)
+                if counts.get(s.key(), 0) < self.confirm_runs]
+        if not todo:
+            return None
+        _, _, role, spec = min(todo)
+        return self._propose(spec, "confirm", role=role)
+
+    def _peek_done(self, records: list[Record]) -> bool:
+        if "search_finished" not in self.study.user_attrs:
+            return False
+        a = self._analysis(records)
+        targets = [s for _, s in self._targets(a) if s.key() not in a.failed_configs]
+        counts = self._confirm_counts(records)
+        return all(counts.get(s.key(), 0) >= self.confirm_runs for s in targets)
+
+    # used by _outcome
+    def confirm_targets(self, a: Analysis) -> list[tuple[str, SpecConfig]]:
+        return self._targets(a)
+
+    def engine(self, records: list[Record]) -> Engine:
+        return next((r.result.engine for r in records if r.result is not None), Engine.SIMULATED)
+
