@@ -103,6 +103,14 @@ def test_same_seed_same_results_repeats_differ() -> None:
     assert other.levels[0].output_throughput != first_a.levels[0].output_throughput
 
 
+def test_results_do_not_depend_on_other_trials_in_between() -> None:
+    spec, noise = trial(EAGLE3_K3, level(8)), trial(SpecConfig(Method.NGRAM, 3), level(8))
+    quiet, busy = SimulatedEngine(DENSE, CHAT), SimulatedEngine(DENSE, CHAT)
+    busy(noise)
+    busy(noise)
+    assert quiet(spec) == busy(spec)
+
+
 @pytest.mark.parametrize("noise", [0.03, 0.10])
 def test_noise_spread_matches_the_requested_noise(noise: float) -> None:
     engine = SimulatedEngine(DENSE, CHAT, noise=noise, seed=1)
@@ -120,6 +128,11 @@ def test_zero_noise_reproduces_the_expectation() -> None:
     measured = engine(trial(EAGLE3_K3, lv, reqs=())).levels[0]
     # equal up to the rounding of sampled output lengths
     assert measured.output_throughput == pytest.approx(engine.expected(EAGLE3_K3, lv).output_throughput, rel=1e-3)
+    traffic = requests(8, out=500)
+    on_traffic = engine(trial(EAGLE3_K3, lv, reqs=traffic)).levels[0]
+    truth = engine.expected(EAGLE3_K3, lv, requests=traffic)
+    assert on_traffic.output_throughput == pytest.approx(truth.output_throughput, rel=1e-9)
+    assert truth.output_tokens == 64 * 500
 
 
 # --------------------------------------------------------------------------------------------------

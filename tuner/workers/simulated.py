@@ -2,8 +2,9 @@
 
 It serves the demo, CPU development, the search benchmarks and what-if estimates before GPU time is spent.
 Every result says ``engine=Engine.SIMULATED``. ``expected`` is the noise-free truth (benchmarks use it to
-know the true optimum); ``__call__`` adds seeded measurement noise (3% by default) that differs between
-repeats of the same trial. The model lives in ``sim_model.py``, the profiles in ``sim_profiles.py``.
+know the true optimum); ``__call__`` adds measurement noise (3% by default) seeded from (seed, the spec's
+key, the level, how often this engine ran that spec before): repeats differ, and a result does not depend
+on which other trials ran in between. The model lives in ``sim_model.py``, the profiles in ``sim_profiles.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 import hashlib
 import itertools
 import random
+import threading
 from collections.abc import Sequence
 
 from tuner.domain import (
@@ -38,7 +40,6 @@ from tuner.workers.sim_profiles import CHARS_PER_TOKEN, PRESETS, WORKLOADS, Mode
 
 __all__ = ["PRESETS", "WORKLOADS", "ModelProfile", "SimulatedEngine", "WorkloadProfile"]
 
-_ITL_SAMPLES_PER_REQUEST = 8
 _REFERENCE_LEN = 16
 
 
@@ -61,7 +62,8 @@ class SimulatedEngine:
         self.seed = int(seed)
         self.hardware = hardware
         self.vllm_version = vllm_version
-        self._calls = itertools.count()
+        self._repeats: dict[str, itertools.count[int]] = {}
+        self._lock = threading.Lock()
 
     # ---- the public model --------------------------------------------------------------------------
     def acceptance(self, spec: SpecConfig) -> tuple[float, ...]:
@@ -73,11 +75,17 @@ class SimulatedEngine:
         return 1.0 if spec.is_off else sim_model.proposal_rate(spec, self._workload(()))
 
     def expected(
-        self, spec: SpecConfig, level: LoadLevel, *, slo: SLO | None = None, serving: ServingConfig | None = None
+        self,
+        spec: SpecConfig,
+        level: LoadLevel,
+        *,
+        slo: SLO | None = None,
+        serving: ServingConfig | None = None,
+        requests: Sequence[TrafficRequest] = (),
     ) -> LevelResult:
-        """The noise-free figures of one configuration at one load level."""
-        workload = self._workload(())
-        return self._level(spec, level, workload, serving or ServingConfig(), slo or SLO(), (), None)
+        """The noise-free figures of one configuration at one load level (optionally on a trial's traffic)."""
+        workload = self._workload(requests)
+        return self._level(spec, level, workload, serving or ServingConfig(), slo or SLO(), requests, None)
 
     def speedup(self, spec: SpecConfig, level: LoadLevel) -> float:
         """Noise-free output-throughput ratio over no speculation at this level."""
@@ -87,7 +95,7 @@ class SimulatedEngine:
     # ---- the Evaluator contract --------------------------------------------------------------------
     def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
         ctx = ctx or TrialContext()
-        call = next(self._calls)
+        call = self._repeat(spec.spec)
         workload = self._workload(spec.requests)
         startup = 40.0 + (20.0 if spec.spec.method.needs_draft_checkpoint else 0.0)
         refusal = self._refusal(spec.spec)
@@ -125,6 +133,12 @@ class SimulatedEngine:
         prompt = sum(len(r.prompt_text()) for r in requests) / len(requests) / CHARS_PER_TOKEN
         output = sum(r.target_output_tokens for r in requests) / len(requests)
         return dataclasses.replace(base, prompt_tokens=prompt, output_tokens=output)
+
+    def _repeat(self, spec: SpecConfig) -> int:
+        """How often this configuration ran before: repeats differ, other trials' order does not matter."""
+        with self._lock:
+            counter = self._repeats.setdefault(spec.key(), itertools.count())
+            return next(counter)
 
     def _seed_for(self, spec: SpecConfig, level: LoadLevel, call: int) -> int:
         raw = f"{self.seed}|{spec.key()}|{level.label}|{call}".encode()
