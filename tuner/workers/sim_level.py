@@ -8,6 +8,7 @@ percentiles without moving the means the model predicts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Sequence
@@ -54,7 +55,7 @@ def level_result(
         batch = min(clients, cap)
         op = sim_model.closed_loop(model, workload, spec, batch, eager)
         if clients > batch:  # clients beyond the server's batch wait for admission
-            op = sim_model._replace(op, queue_ms=max(0.0, clients / op.request_rate * 1e3 - op.e2e_ms))
+            op = dataclasses.replace(op, queue_ms=max(0.0, clients / op.request_rate * 1e3 - op.e2e_ms))
         waiting = clients - batch
     else:
         offered = float(level.value) if level.kind is LoadKind.RATE else _trace_rate(requests)

@@ -9,7 +9,7 @@ at K=0). Everything here is noise free; ``simulated.py`` adds the measurement no
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuner.domain import Method, SpecConfig
 from tuner.workers.sim_profiles import ModelProfile, WorkloadProfile
@@ -262,7 +262,7 @@ def open_loop(
     top = closed_loop(model, workload, spec, max_batch, eager)
     if top.request_rate <= rate:
         backlog = num_requests / top.request_rate - num_requests / max(rate, 1e-9)
-        return _replace(top, queue_ms=max(0.0, backlog) / 2.0 * 1e3, saturated=True)
+        return replace(top, queue_ms=max(0.0, backlog) / 2.0 * 1e3, saturated=True)
     lo, hi = 1e-6, max_batch
     for _ in range(60):
         mid = (lo + hi) / 2.0
@@ -273,10 +273,4 @@ def open_loop(
     point = closed_loop(model, workload, spec, hi, eager)
     # a Poisson stream queues for admission a little even below capacity (M/D/1 wait, in steps)
     util = min(0.95, rate / top.request_rate)
-    return _replace(point, queue_ms=point.step.step_ms * util / (2.0 * (1.0 - util)))
-
-
-def _replace(point: OperatingPoint, **changes: object) -> OperatingPoint:
-    from dataclasses import replace
-
-    return replace(point, **changes)
+    return replace(point, queue_ms=point.step.step_ms * util / (2.0 * (1.0 - util)))
