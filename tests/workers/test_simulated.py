@@ -126,8 +126,7 @@ def test_zero_noise_reproduces_the_expectation() -> None:
     engine = SimulatedEngine(DENSE, CHAT, noise=0.0)
     lv = level(8, 64)
     measured = engine(trial(EAGLE3_K3, lv, reqs=())).levels[0]
-    # equal up to the rounding of sampled output lengths
-    assert measured.output_throughput == pytest.approx(engine.expected(EAGLE3_K3, lv).output_throughput, rel=1e-3)
+    assert measured.output_throughput == pytest.approx(engine.expected(EAGLE3_K3, lv).output_throughput, rel=1e-9)
     traffic = requests(8, out=500)
     on_traffic = engine(trial(EAGLE3_K3, lv, reqs=traffic)).levels[0]
     truth = engine.expected(EAGLE3_K3, lv, requests=traffic)

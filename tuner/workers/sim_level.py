@@ -67,7 +67,8 @@ def level_result(
 
     speed = max(0.5, 1.0 + noise * rng.gauss(0.0, 1.0)) if rng is not None and noise > 0 else 1.0
     srng = rng or random.Random(_SPREAD_SEED)
-    outs, prompts = _lengths(requests, workload, n, srng)
+    # the same traffic every trial (vllm bench replays one sample): lengths never depend on the call
+    outs, prompts = _lengths(requests, workload, n, random.Random(_SPREAD_SEED + n))
     decode_factor = _decode_spread(spec, workload, op, outs, srng)
     ttft_spread = _mean_one(srng, n, 0.25)
     ttft, tpot, e2e = [], [], []
