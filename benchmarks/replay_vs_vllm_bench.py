@@ -94,6 +94,24 @@ def vllm_bench(vllm_cli: list[str], base: str, model: str, dataset: Path, n: int
     return json.loads(out.read_text())
 
 
+def run_bench(vllm_cli: list[str], base: str, model: str, dataset: Path, args: argparse.Namespace, out: Path) -> dict:
+    """One ``vllm bench serve`` run, with our own /metrics diff over its window for comparison."""
+    before = asyncio.run(snapshot(base))
+    bench = vllm_bench(vllm_cli, base, model, dataset, args.num_prompts, args.concurrency, out)
+    after = asyncio.run(snapshot(base))
+    sd = vllm_metrics.spec_decode_delta(before, after, 3)
+    return {
+        "output_throughput": bench["output_throughput"],
+        "mean_tpot_ms": bench["mean_tpot_ms"],
+        "mean_ttft_ms": bench["mean_ttft_ms"],
+        "mean_itl_ms": bench["mean_itl_ms"],
+        "acceptance_length": bench.get("spec_decode_acceptance_length"),
+        "metrics_acceptance_length": sd.acceptance_length if sd else None,
+        "errors": bench.get("failed", 0),
+        "duration_s": bench["duration"],
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
@@ -103,10 +121,10 @@ def main() -> int:
         "--speculative-config", default='{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3}'
     )
     p.add_argument("--serving", default='{"max_model_len": 512, "enforce_eager": true}')
-    p.add_argument("--num-prompts", type=int, default=40)
+    p.add_argument("--num-prompts", type=int, default=160)
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=2, help="alternate the two tools this many times each")
+    p.add_argument("--repeats", type=int, default=3, help="alternate the two tools this many times each")
     args = p.parse_args()
 
     options = RunnerOptions(vllm_python=args.vllm_python)
@@ -128,30 +146,10 @@ def main() -> int:
     with VllmServer(argv, port=port, log_path=work / "server.log", env=env) as server:
         server.wait_ready(900)
         base = server.base_url
-        asyncio.run(our_replay(base, args.model, items[: args.concurrency * 2], args.concurrency))  # warm-up
+        asyncio.run(our_replay(base, args.model, items[: args.concurrency * 8], args.concurrency))  # warm-up
         for rep in range(args.repeats):
             rows.append(("replay", asyncio.run(our_replay(base, args.model, items, args.concurrency))))
-            before = asyncio.run(snapshot(base))
-            bench = vllm_bench(
-                vllm_cli, base, args.model, dataset, args.num_prompts, args.concurrency, work / f"b{rep}.json"
-            )
-            after = asyncio.run(snapshot(base))
-            sd = vllm_metrics.spec_decode_delta(before, after, spec.num_speculative_tokens)
-            rows.append(
-                (
-                    "vllm bench",
-                    {
-                        "output_throughput": bench["output_throughput"],
-                        "mean_tpot_ms": bench["mean_tpot_ms"],
-                        "mean_ttft_ms": bench["mean_ttft_ms"],
-                        "mean_itl_ms": bench["mean_itl_ms"],
-                        "acceptance_length": bench.get("spec_decode_acceptance_length"),
-                        "metrics_acceptance_length": sd.acceptance_length if sd else None,
-                        "errors": bench.get("failed", 0),
-                        "duration_s": bench["duration"],
-                    },
-                )
-            )
+            rows.append(("vllm bench", run_bench(vllm_cli, base, args.model, dataset, args, work / f"b{rep}.json")))
         time.sleep(11)  # let the server log its last interval's SpecDecoding line
         total = vllm_metrics.spec_decode_delta(vllm_metrics.MetricsSnapshot(), asyncio.run(snapshot(base)), 3)
         log_len, log_lines = log_acceptance(server.log_path.read_text(errors="replace"))

@@ -191,3 +191,30 @@ def test_runner_passes_device_visibility(tmp_path: Path) -> None:
     _runner(tmp_path, script)(_trial(gpu_ids=(2, 3)))
     assert json.loads(out.read_text()) == {"CUDA_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "2,3"}
     assert os.environ.get("CUDA_VISIBLE_DEVICES") != "2,3"  # ours untouched
+
+
+FAKE_VLLM = Path(__file__).parent / "fake_vllm.py"
+
+
+def _fake_runner(tmp_path: Path, mode: str) -> VllmRunner:
+    options = RunnerOptions(
+        vllm_command=(PY, str(FAKE_VLLM)), log_dir=str(tmp_path), stop_grace_s=1.0, extra_env={"FAKE_VLLM_MODE": mode}
+    )
+    return VllmRunner(options)
+
+
+def test_runner_server_dying_mid_run_is_a_crash(tmp_path: Path) -> None:
+    result = _fake_runner(tmp_path, "die")(_trial())
+    assert result.status is TrialStatus.FAILED
+    assert result.failure is not None and result.failure.cls is FailureClass.CRASH
+    assert "EngineDeadError" in result.failure.reason
+    assert result.vllm_version == "0.0-fake" and result.startup_s is not None
+    assert_group_gone(result.pgid)
+
+
+def test_runner_request_errors_above_threshold(tmp_path: Path) -> None:
+    result = _fake_runner(tmp_path, "reject")(_trial())
+    assert result.failure is not None and result.failure.cls is FailureClass.REQUEST_ERRORS
+    assert result.failure.reason.startswith("1 of 1 requests failed; e.g. HTTP 400")
+    assert len(result.levels) == 1 and result.levels[0].errors == 1  # the figures that were measured are kept
+    assert_group_gone(result.pgid)

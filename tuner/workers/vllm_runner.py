@@ -141,6 +141,15 @@ class VllmRunner:
                     asyncio.run(self._measure(server, spec, progress, cancelled, deadline))
             except _Abort as abort:
                 obs = abort.obs
+            except httpx.HTTPError as exc:  # a scrape or greedy request failed outside a replay window
+                obs = Observation(
+                    Phase.RUNNING,
+                    process_exited=server.exited_within(2.0),
+                    returncode=server.returncode(),
+                    request_errors=1,
+                    requests=1,
+                    error_sample=f"{type(exc).__name__}: {exc}",
+                )
             except Exception as exc:  # a bug on our side; the trial still ends cleanly
                 internal = exc
         failure: Failure | None = None

@@ -174,6 +174,17 @@ class VllmServer:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def exited_within(self, seconds: float) -> bool:
+        """True if the process has exited or exits within ``seconds`` (a refused connection may precede
+        the exit status by a moment)."""
+        if self._proc is None:
+            return False
+        try:
+            self._proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def wait_ready(
         self,
         timeout_s: float,
