@@ -5,17 +5,11 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from tuner.store.migrate import VERSION_TABLE
+from tuner.store.migrate import VERSION_TABLE, include_object
 from tuner.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata
-
-
-def include_object(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]
-    if type_ == "table":
-        return bool(name) and name.startswith("tuner_")
-    return True
 
 
 def run_migrations_offline() -> None:

@@ -11,6 +11,13 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 VERSION_TABLE = "tuner_alembic_version"  # Optuna keeps Alembic's default alembic_version for itself
 
 
+def include_object(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:
+    """Only ``tuner_*`` tables are ours; Optuna's (studies, trials, ...) are left to Optuna."""
+    if type_ == "table":
+        return bool(name) and name.startswith("tuner_")
+    return True
+
+
 def alembic_config(url: str) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
