@@ -320,11 +320,18 @@ def _summary(rec: Recommendation) -> str:
     prefix = "[SIMULATED] " if rec.engine is Engine.SIMULATED else ""
     if rec.spec.is_off:
         return prefix + "Do not use speculative decoding: no configuration beat the baseline beyond noise."
-    sp = (
-        f"{rec.speedup.mean:.2f}x (range {rec.speedup.low:.2f}-{rec.speedup.high:.2f}, {rec.speedup.runs} runs)"
-        if (rec.speedup)
-        else "unconfirmed"
-    )
+    level = rec.per_level_winners[0].level if len(rec.per_level_winners) == 1 else None
+    if rec.speedup and level and level in rec.speedup.per_level:
+        sp = (
+            f"{rec.speedup.per_level[level]:.2f}x at {level} (mean of {rec.speedup.runs} confirmation runs; "
+            f"{rec.speedup.mean:.2f}x over all levels)"
+        )
+    elif rec.speedup:
+        sp = f"{rec.speedup.mean:.2f}x (range {rec.speedup.low:.2f}-{rec.speedup.high:.2f}, {rec.speedup.runs} runs)"
+    elif level:
+        sp = f"{rec.per_level_winners[0].speedup:.2f}x at {level} from one search trial (unconfirmed)"
+    else:
+        sp = "unconfirmed"
     return f"{prefix}Use {rec.spec.label()}: {sp} over no speculation."
 
 
