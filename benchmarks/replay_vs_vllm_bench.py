@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from tuner.workers.replay import ReplaySettings, run_level
 from tuner.workers.timing import summarize
 from tuner.workers.vllm_server import VllmServer, build_serve_argv, free_port
 
+METRICS = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "mean_itl_ms")
 _LOG_LINE = re.compile(r"Mean acceptance length: ([\d.]+).*?Accepted: (\d+) tokens, Drafted: (\d+) tokens")
 
 
@@ -52,12 +54,12 @@ def log_acceptance(log_text: str) -> tuple[float | None, int]:
     return (1 + accepted / drafts if drafts else None), len(lines)
 
 
-async def our_replay(base: str, model: str, items: list[dict], concurrency: int) -> dict:
+async def our_replay(base: str, model: str, items: list[dict], concurrency: int, token_ids: bool = True) -> dict:
     reqs = [
         TrafficRequest(TrafficFormat.COMPLETIONS, prompt=x["prompt"], output_tokens=x["output_tokens"]) for x in items
     ]
     level = LoadLevel(LoadKind.CONCURRENCY, concurrency, num_requests=len(reqs), warmup_requests=0)
-    settings = ReplaySettings(model=model)
+    settings = ReplaySettings(model=model, return_token_ids=token_ids)
     async with httpx.AsyncClient(timeout=600) as client:
         before = await vllm_metrics.scrape(client, base)
         window = await run_level(client, base, reqs, level, settings)
@@ -124,7 +126,7 @@ def main() -> int:
     p.add_argument("--num-prompts", type=int, default=160)
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3, help="alternate the two tools this many times each")
+    p.add_argument("--repeats", type=int, default=4, help="alternate the two tools this many times each")
     args = p.parse_args()
 
     options = RunnerOptions(vllm_python=args.vllm_python)
@@ -150,6 +152,8 @@ def main() -> int:
         for rep in range(args.repeats):
             rows.append(("replay", asyncio.run(our_replay(base, args.model, items, args.concurrency))))
             rows.append(("vllm bench", run_bench(vllm_cli, base, args.model, dataset, args, work / f"b{rep}.json")))
+            no_ids = asyncio.run(our_replay(base, args.model, items, args.concurrency, token_ids=False))
+            rows.append(("replay, no token ids", no_ids))
         time.sleep(11)  # let the server log its last interval's SpecDecoding line
         total = vllm_metrics.spec_decode_delta(vllm_metrics.MetricsSnapshot(), asyncio.run(snapshot(base)), 3)
         log_len, log_lines = log_acceptance(server.log_path.read_text(errors="replace"))
@@ -158,27 +162,31 @@ def main() -> int:
           f"{spec.label()}; work dir {work}\n")  # fmt: skip
     print("| run | tool | output tok/s | mean TPOT ms | mean TTFT ms | mean ITL ms | acceptance length | errors |")
     print("|---|---|---|---|---|---|---|---|")
+    per_run = len({t for t, _ in rows})
     for i, (tool, r) in enumerate(rows):
         acc = r["acceptance_length"]
         print(
-            f"| {i // 2 + 1} | {tool} | {r['output_throughput']:.1f} | {r['mean_tpot_ms']:.2f}"
+            f"| {i // per_run + 1} | {tool} | {r['output_throughput']:.1f} | {r['mean_tpot_ms']:.2f}"
             f" | {r['mean_ttft_ms']:.1f} | {r['mean_itl_ms']:.2f} | {acc:.3f} | {r['errors']} |"
         )
-    ours = [r for t, r in rows if t == "replay"]
-    theirs = [r for t, r in rows if t == "vllm bench"]
-
-    def mean(rs: list[dict], k: str) -> float:
-        return sum(r[k] for r in rs) / len(rs)
-
+    tools = list(dict.fromkeys(t for t, _ in rows))
+    med = {t: {k: statistics.median(r[k] for tt, r in rows if tt == t) for k in METRICS} for t in tools}
     print()
-    throughput_ratio = mean(ours, "output_throughput") / mean(theirs, "output_throughput")
-    print(f"- output throughput ratio (replay / vllm bench): {throughput_ratio:.3f}")
-    print(f"- mean TPOT ratio (replay / vllm bench): {mean(ours, 'mean_tpot_ms') / mean(theirs, 'mean_tpot_ms'):.3f}")
-    for (_, a), (_, b) in zip(rows[0::2], rows[1::2], strict=True):
+    print("| tool (median of runs) | output tok/s | mean TPOT ms | ratio to vllm bench: tok/s | TPOT |")
+    print("|---|---|---|---|---|")
+    ref = med["vllm bench"]
+    for t in tools:
+        m = med[t]
         print(
-            f"- acceptance length: replay window {a['acceptance_length']:.4f}; vllm bench reports "
-            f"{b['acceptance_length']:.4f}, our /metrics diff over its window {b['metrics_acceptance_length']:.4f}"
+            f"| {t} | {m['output_throughput']:.1f} | {m['mean_tpot_ms']:.2f} | "
+            f"{m['output_throughput'] / ref['output_throughput']:.3f} | {m['mean_tpot_ms'] / ref['mean_tpot_ms']:.3f} |"
         )
+    print()
+    for t in tools:
+        lengths = sorted({round(r["acceptance_length"], 4) for tt, r in rows if tt == t})
+        print(f"- acceptance length, {t}: {lengths}")
+    bench_metrics = sorted({round(r["metrics_acceptance_length"], 4) for t, r in rows if t == "vllm bench"})
+    print(f"- acceptance length from our /metrics diff over the vllm bench windows: {bench_metrics}")
     print(
         f"- whole run (warm-up included): /metrics counters {total.acceptance_length if total else 0:.4f}; "
         f"server log 'Mean acceptance length' lines ({log_lines}), draft-weighted: {log_len or 0:.4f}"

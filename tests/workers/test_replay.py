@@ -149,3 +149,18 @@ async def test_should_stop_cancels_in_flight_requests() -> None:
         )
     assert window.stopped and window.records == ()
     assert server.in_flight == 0
+
+
+async def test_without_token_ids_a_chunk_with_text_counts_as_one_token() -> None:
+    events = [{"choices": [{"index": 0, "text": "ab"}]}, {"choices": [{"index": 0, "text": ""}]}]
+    events.append({"choices": [], "usage": {"completion_tokens": 3}})
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        assert "return_token_ids" not in json.loads(request.content)
+        return httpx.Response(200, content=_sse(events))
+
+    settings = ReplaySettings(model="m", return_token_ids=False)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        rec = await send_one(client, "http://x", 0, COMPLETION, settings)
+    assert [c.tokens for c in rec.chunks] == [1]
+    assert rec.num_output_tokens == 3  # usage still gives the true count

@@ -218,3 +218,23 @@ def test_runner_request_errors_above_threshold(tmp_path: Path) -> None:
     assert result.failure.reason.startswith("1 of 1 requests failed; e.g. HTTP 400")
     assert len(result.levels) == 1 and result.levels[0].errors == 1  # the figures that were measured are kept
     assert_group_gone(result.pgid)
+
+
+def test_runner_missing_executable_is_an_infrastructure_failure(tmp_path: Path) -> None:
+    runner = VllmRunner(RunnerOptions(vllm_command=(str(tmp_path / "no-such-vllm"),), log_dir=str(tmp_path)))
+    result = runner(_trial())
+    assert result.failure is not None and result.failure.cls is FailureClass.INFRA
+    assert "no-such-vllm" in result.failure.reason and result.pgid is None
+
+
+def test_a_failing_pgid_callback_stops_the_process(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    def store(pgid: int) -> None:
+        seen.append(pgid)
+        raise RuntimeError("database is down")
+
+    result = _runner(tmp_path, "import time; time.sleep(60)")(_trial(), TrialContext(on_process_started=store))
+    assert result.failure is not None and result.failure.cls is FailureClass.INFRA
+    assert "database is down" in result.failure.reason
+    assert_group_gone(seen[0])

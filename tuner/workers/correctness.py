@@ -21,6 +21,7 @@ async def greedy_outputs(
 ) -> tuple[tuple[int, ...], ...]:
     """Output token ids of each request at temperature 0, one request at a time (no batching effects)."""
     outputs: list[tuple[int, ...]] = []
+    settings = dataclasses.replace(settings, return_token_ids=True)
     for req in requests:
         path, body = build_request(dataclasses.replace(req, temperature=0.0), settings, stream=False)
         resp = await client.post(base_url + path, json=body, timeout=settings.request_timeout_s)

@@ -29,6 +29,8 @@ class ReplaySettings:
     ignore_eos: bool = True
     request_timeout_s: float = 600.0
     seed: int = 0
+    # Exact tokens per chunk (vLLM >= 0.10.2). Off: a chunk with text counts as one token, as vllm bench does.
+    return_token_ids: bool = True
 
 
 def build_request(req: TrafficRequest, settings: ReplaySettings, *, stream: bool = True) -> tuple[str, dict]:
@@ -37,8 +39,9 @@ def build_request(req: TrafficRequest, settings: ReplaySettings, *, stream: bool
         "model": settings.model,
         "temperature": req.temperature if req.temperature is not None else 0.0,
         "max_tokens": req.target_output_tokens,
-        "return_token_ids": True,
     }
+    if settings.return_token_ids:
+        body["return_token_ids"] = True
     if req.output_tokens and settings.ignore_eos:
         body["ignore_eos"] = True
     if stream:

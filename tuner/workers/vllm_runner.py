@@ -37,6 +37,7 @@ from tuner.workers.replay import ReplaySettings, Window, run_level
 from tuner.workers.timing import summarize
 from tuner.workers.vllm_server import (
     ServerExited,
+    ServerLaunchError,
     StartupCancelled,
     StartupTimeout,
     VllmServer,
@@ -98,21 +99,15 @@ class VllmRunner:
         t0 = time.monotonic()
         deadline = t0 + spec.deadline_s if spec.deadline_s else float("inf")
         cancelled = _throttled(ctx.is_cancelled, 1.0)
-        log_path = self._log_path(spec, ctx)
         progress = _Progress()
-        pgid: int | None = None
-
-        def on_started(group: int) -> None:
-            nonlocal pgid
-            pgid = group
-            ctx.on_process_started(group)
+        port = free_port(opts.host)
+        log_path = self._log_path(spec, ctx, port)
 
         bad_env = sorted(k for k in spec.serving.env if not env_name_allowed(k))
         if bad_env:
             failure = Failure(FailureClass.UNSUPPORTED, f"environment variables not allowed: {bad_env}")
-            return self._result(spec, progress, failure, log_path, pgid, t0)
+            return self._result(spec, progress, failure, log_path, None, t0)
 
-        port = free_port(opts.host)
         argv = build_serve_argv(
             spec.model,
             spec.serving,
@@ -130,28 +125,31 @@ class VllmRunner:
             env=env,
             host=opts.host,
             grace_s=opts.stop_grace_s,
-            on_started=on_started,
+            on_started=ctx.on_process_started,
         )
         obs: Observation | None = None
         internal: BaseException | None = None
-        with server:
-            try:
-                obs = self._start(server, progress, cancelled, deadline)
-                if obs is None:
-                    asyncio.run(self._measure(server, spec, progress, cancelled, deadline))
-            except _Abort as abort:
-                obs = abort.obs
-            except httpx.HTTPError as exc:  # a scrape or greedy request failed outside a replay window
-                obs = Observation(
-                    Phase.RUNNING,
-                    process_exited=server.exited_within(2.0),
-                    returncode=server.returncode(),
-                    request_errors=1,
-                    requests=1,
-                    error_sample=f"{type(exc).__name__}: {exc}",
-                )
-            except Exception as exc:  # a bug on our side; the trial still ends cleanly
-                internal = exc
+        try:
+            with server:
+                try:
+                    obs = self._start(server, progress, cancelled, deadline)
+                    if obs is None:
+                        asyncio.run(self._measure(server, spec, progress, cancelled, deadline))
+                except _Abort as abort:
+                    obs = abort.obs
+                except httpx.HTTPError as exc:  # a scrape or greedy request failed outside a replay window
+                    obs = Observation(
+                        Phase.RUNNING,
+                        process_exited=server.exited_within(2.0),
+                        returncode=server.returncode(),
+                        request_errors=1,
+                        requests=1,
+                        error_sample=f"{type(exc).__name__}: {exc}",
+                    )
+                except Exception as exc:  # a bug on our side; the trial still ends cleanly
+                    internal = exc
+        except ServerLaunchError as exc:
+            return self._result(spec, progress, Failure(FailureClass.INFRA, str(exc)), log_path, None, t0)
         failure: Failure | None = None
         tail = server.log_tail(opts.log_tail_lines)
         if internal is not None:
@@ -159,13 +157,13 @@ class VllmRunner:
         elif obs is not None:
             found = classify(server.log_tail(_CLASSIFY_LINES), obs)
             failure = dataclasses.replace(found, log_tail=tail)
-        return self._result(spec, progress, failure, log_path, pgid, t0)
+        return self._result(spec, progress, failure, log_path, server.pgid, t0)
 
-    def _log_path(self, spec: TrialSpec, ctx: TrialContext) -> Path:
+    def _log_path(self, spec: TrialSpec, ctx: TrialContext, port: int) -> Path:
         root = Path(ctx.log_dir or self.options.log_dir or Path(tempfile.gettempdir()) / "spec-tuner-logs")
         stamp = time.strftime("%Y%m%dT%H%M%S")
-        name = "-".join(str(p) for p in ("trial", spec.job_id, spec.number, stamp, os.getpid()) if p is not None)
-        return root / f"{name}.log"
+        parts = ("trial", spec.job_id, spec.number, stamp, os.getpid(), port)
+        return root / ("-".join(str(p) for p in parts if p is not None) + ".log")
 
     def _start(
         self, server: VllmServer, progress: _Progress, cancelled: Callable[[], bool], deadline: float

@@ -104,6 +104,10 @@ class ServerExited(RuntimeError):
         self.returncode = returncode
 
 
+class ServerLaunchError(RuntimeError):
+    """The server could not be launched, or was stopped at once because its start could not be recorded."""
+
+
 class StartupTimeout(RuntimeError):
     pass
 
@@ -149,18 +153,25 @@ class VllmServer:
     def __enter__(self) -> VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self._env,
-                cwd=self._cwd,
-                start_new_session=True,
-            )
+            try:
+                self._proc = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self._env,
+                    cwd=self._cwd,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                raise ServerLaunchError(f"cannot start {self.argv[0]}: {e}") from e
         self.pgid = self._proc.pid  # a new session's leader is its own group leader
         if self._on_started is not None:
-            self._on_started(self.pgid)
+            try:
+                self._on_started(self.pgid)
+            except Exception as e:  # e.g. the pgid could not be stored: do not leave an orphan running
+                self.stop()
+                raise ServerLaunchError(f"process-start callback failed: {e!r}") from e
         return self
 
     def __exit__(
