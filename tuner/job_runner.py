@@ -60,7 +60,12 @@ KillGroup = Callable[[int], None]
 
 
 def default_worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return f"worker-{os.getpid()}"
+
+
+def worker_identity(name: str) -> str:
+    """``name@host``: the host part tells a recovering runner whether it can kill what the trial left."""
+    return name if "@" in name else f"{name}@{socket.gethostname()}"
 
 
 def _kill_group(pgid: int) -> None:
@@ -98,7 +103,7 @@ class JobRunner:
         self._factory = factory
         self._planner_factory = planner_factory
         self._executor_factory = executor_factory
-        self.worker = worker or default_worker_name()
+        self.worker = worker_identity(worker or default_worker_name())
         self._heartbeat_s = heartbeat_s
         self._stale_after_s = stale_after_s
         self._poll_s = poll_s
@@ -339,7 +344,7 @@ class _JobRun:
                         self.failed += 1
             stale = tuning.abandoned_trials(s, self.job_id)
             for row in stale:
-                if row.pgid and (row.worker or "").split(":")[0] == host:
+                if row.pgid and (row.worker or "").rpartition("@")[2] == host:
                     log.warning("killing process group %s left by %s (trial %s)", row.pgid, row.worker, row.number)
                     self.r._kill_group(row.pgid)
                 tuning.mark_trial_abandoned(s, row, f"runner {row.worker} died during the trial; re-queued")

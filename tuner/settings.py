@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import socket
+import os
 from enum import StrEnum
 from pathlib import Path
 
@@ -32,7 +32,7 @@ class Settings(BaseSettings):
         default=None, description="Delete uploaded prompts (keep stats and fingerprint) after this many days."
     )
     in_process_runner: bool = True
-    worker_name: str = Field(default_factory=lambda: f"{socket.gethostname()}")
+    worker_name: str = Field(default_factory=lambda: f"worker-{os.getpid()}")
     heartbeat_s: float = 2.0
     stale_after_s: float = 15.0
     poll_s: float = 0.5
@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     )
     simulated_trial_s: float = Field(
         default=0.0, ge=0, description="Wall time each simulated trial takes (demos, recovery tests)."
+    )
+    simulated_placeholder_process: bool = Field(
+        default=False, description="Simulated trials hold a placeholder process group, as a vLLM server would."
     )
     auto_migrate: bool = Field(default=True, description="Apply migrations when serve/worker/demo start.")
 

@@ -100,24 +100,41 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
 
 
 class PacedEvaluator:
-    """Makes each simulated trial take ``seconds`` of wall time (demos, recovery tests), honouring cancel."""
+    """Makes each simulated trial take ``seconds`` of wall time (demos, recovery tests), honouring cancel.
 
-    def __init__(self, inner: Evaluator, seconds: float) -> None:
+    With ``placeholder_process`` it also holds a real process group for the trial's duration and reports it
+    like a vLLM server's, so the recovery path (kill what a dead runner left) is exercised end to end.
+    """
+
+    def __init__(self, inner: Evaluator, seconds: float, *, placeholder_process: bool = False) -> None:
         self.inner = inner
         self.seconds = seconds
+        self.placeholder_process = placeholder_process
 
     def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
-        deadline = time.monotonic() + self.seconds
-        while time.monotonic() < deadline:
-            if ctx is not None and ctx.is_cancelled():
-                break
-            time.sleep(0.05)
-        return self.inner(spec, ctx)
+        import subprocess
+
+        proc = None
+        if self.placeholder_process:
+            proc = subprocess.Popen(["sleep", str(int(self.seconds) + 600)], start_new_session=True)
+            if ctx is not None:
+                ctx.on_process_started(proc.pid)
+        try:
+            deadline = time.monotonic() + self.seconds
+            while time.monotonic() < deadline:
+                if ctx is not None and ctx.is_cancelled():
+                    break
+                time.sleep(0.05)
+            return self.inner(spec, ctx)
+        finally:
+            if proc is not None:
+                from tuner.workers.vllm_server import kill_process_group
+
+                kill_process_group(proc.pid, grace_s=2.0)
+                proc.wait()
 
 
-def simulated_evaluator(
-    spec: JobSpec, requests: list[TrafficRequest] | None = None, *, pace_s: float = 0.0
-) -> Evaluator:
+def simulated_evaluator(spec: JobSpec, *, pace_s: float = 0.0, placeholder_process: bool = False) -> Evaluator:
     from tuner.search import read_model_config
     from tuner.workers.simulated import ModelProfile, SimulatedEngine
 
@@ -125,7 +142,9 @@ def simulated_evaluator(
     profile = ModelProfile.from_hf_config(config) if config else None
     hardware = spec.hardware if spec.hardware != "auto" else "simulated"
     engine: Evaluator = SimulatedEngine(profile, seed=spec.seed, hardware=hardware, vllm_version="simulated")
-    return PacedEvaluator(engine, pace_s) if pace_s > 0 else engine
+    if pace_s > 0 or placeholder_process:
+        return PacedEvaluator(engine, pace_s, placeholder_process=placeholder_process)
+    return engine
 
 
 def runner_options(settings: Settings, log_dir: Path) -> dict[str, Any]:
@@ -152,7 +171,9 @@ def make_executor(settings: Settings, spec: JobSpec) -> TrialExecutor:
     log_dir = settings.log_dir
     lease_dir = settings.data_dir / "gpu-leases"
     if spec.engine is Engine.SIMULATED:
-        evaluator = simulated_evaluator(spec, pace_s=settings.simulated_trial_s)
+        evaluator = simulated_evaluator(
+            spec, pace_s=settings.simulated_trial_s, placeholder_process=settings.simulated_placeholder_process
+        )
         return LocalExecutor(evaluator, gpus=[], lease_dir=lease_dir, hardware="auto", engine=Engine.SIMULATED)
     options = runner_options(settings, log_dir)
     if settings.executor == "ray":
@@ -173,7 +194,7 @@ def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: b
         factory,
         planner_factory=lambda job_id, spec, reqs: make_planner(settings, job_id, spec, reqs),
         executor_factory=lambda spec: make_executor(settings, spec),
-        worker=None,
+        worker=settings.worker_name,
         heartbeat_s=settings.heartbeat_s,
         stale_after_s=settings.stale_after_s,
         poll_s=settings.poll_s,

@@ -26,7 +26,7 @@ from tuner.job_runner import JobRunner
 from tuner.store.db import make_engine, make_session_factory, transaction
 from tuner.store.models import JobRow, RecommendationRow, TrialRow
 
-GHOST = f"{socket.gethostname()}:1"  # a dead runner on this host
+GHOST = f"ghost@{socket.gethostname()}"  # a dead runner on this host
 SPECS = [SpecConfig(Method.NGRAM, 2), SpecConfig(Method.NGRAM, 4), SpecConfig(Method.EAGLE3, 3, model="d")]
 REQUESTS = [TrafficRequest(TrafficFormat.COMPLETIONS, prompt=f"p{i}", output_tokens=8) for i in range(4)]
 
@@ -67,7 +67,9 @@ def test_job_runs_to_a_recommendation(db_url: str, tmp_path: Path) -> None:
         assert ev.calls[0] == (0, "off")
         rec = recommendations.find(s, model="org/m", engine=Engine.SIMULATED)
         assert rec["simulated"] is True and rec["engine"] == "simulated"
-        assert rec["speculative_config"]["method"] == "ngram" and rec["speculative_config"]["num_speculative_tokens"] == 4
+        assert (
+            rec["speculative_config"]["method"] == "ngram" and rec["speculative_config"]["num_speculative_tokens"] == 4
+        )
         assert rec["summary"].startswith("[SIMULATED]")
         assert rec["serve_args"][:3] == ["vllm", "serve", "org/m"]
         assert "--speculative-config" in rec["serve_args"]
