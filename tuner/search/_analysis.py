@@ -22,7 +22,20 @@ from tuner.domain import (
     TrialStatus,
 )
 from tuner.search._space import MethodOptions, SearchSpace
-from tuner.search.cost_model import CostPoint, StepCost, fit, in_flight, step_time
+from tuner.search.cost_model import (
+    BLOCK,
+    CHAIN,
+    LOOKUP,
+    CostPoint,
+    StepCost,
+    closed_loop_gain,
+    fit,
+    in_flight,
+    out_per_request,
+    overhead_ms,
+    prefill_share,
+    raw_step,
+)
 from tuner.search.extrapolation import AcceptanceCurve
 from tuner.search.objective import combine, level_metric, slo_violation
 from tuner.search.schedule import build_schedule
@@ -94,6 +107,21 @@ class Candidate:
     optimistic: float  # inf when unknown
 
 
+@dataclass(frozen=True)
+class ArmModel:
+    """What an arm's trials say: acceptance curve, step-cost fit(s), deepest depth, TTFT per level."""
+
+    curve: AcceptanceCurve
+    costs: list[StepCost]
+    depth: int
+    rate: float  # P(a request-step proposes): 1 for fixed-length drafters
+    per_proposal: float  # draft tokens per proposal at the deepest depth
+    fixed: bool
+    unbiased: bool  # per-position rates are true per step (fixed length, or decode steps known)
+    ttft: dict[str, float]
+    prefill: dict[str, float]  # GPU ms of prefill per request with this drafter (it prefills too)
+
+
 class Analysis:
     def __init__(
         self,
@@ -127,7 +155,9 @@ class Analysis:
         )
         self.baseline: dict[str, LevelResult] = {}
         self.baseline_metric: dict[str, float] = {}
-        self.baseline_step: dict[str, float] = {}
+        self.baseline_tpot: dict[str, float] = {}  # raw decode step of the baseline (ms)
+        self.baseline_prefill: dict[str, float] = {}  # GPU ms of prefill per request
+        self.baseline_out: dict[str, float] = {}
         self.baseline_c: dict[str, float] = {}
         self.baseline_violation: dict[str, float] = {}
         self._baseline_figures()
@@ -137,7 +167,7 @@ class Analysis:
         self._failures()
         self.stats = self._config_stats(search)
         self.noise = noise if noise is not None else self._estimate_noise()
-        self._curves: dict[tuple[str, str], tuple[AcceptanceCurve | None, StepCost | None, int]] = {}
+        self._models: dict[tuple[str, str], ArmModel | None] = {}
 
     # ---------------------------------------------------------------------------------------------- inputs
     def _baseline_figures(self) -> None:
@@ -147,9 +177,13 @@ class Analysis:
                 continue
             self.baseline[label] = lrs[0]
             self.baseline_metric[label] = statistics.fmean(level_metric(lr, self.objective) for lr in lrs)
-            steps = [s for lr in lrs if (s := step_time(lr, 1.0)) is not None]
-            if steps:
-                self.baseline_step[label] = statistics.fmean(steps)
+            if all(lr.tpot_ms.mean > 0 and lr.request_throughput > 0 for lr in lrs):
+                tpot = statistics.fmean(lr.tpot_ms.mean for lr in lrs)
+                ttft = statistics.fmean(lr.ttft_ms.mean for lr in lrs)
+                rate = statistics.fmean(lr.request_throughput for lr in lrs) / 1000.0
+                self.baseline_prefill[label] = prefill_share(ttft, tpot, rate)
+                self.baseline_tpot[label] = raw_step(tpot, 1.0, rate, self.baseline_prefill[label])
+                self.baseline_out[label] = statistics.fmean(out_per_request(lr) for lr in lrs)
             self.baseline_c[label] = statistics.fmean(in_flight(lr) for lr in lrs)
             self.baseline_violation[label] = statistics.fmean(slo_violation(lr, self.slo) for lr in lrs)
 
@@ -254,65 +288,120 @@ class Analysis:
         return ranked[0] if ranked else None
 
     # ------------------------------------------------------------------------------------------ prediction
-    def _arm_model(self, opt: MethodOptions, lookup: tuple[int, int] | None) -> tuple:
+    def _arm_model(self, opt: MethodOptions, lookup: tuple[int, int] | None) -> ArmModel | None:
         key = (opt.key, repr(lookup))
-        if key in self._curves:
-            return self._curves[key]
-        rows = [
-            st for st in self.stats.values()
-            if st.spec.schedule is None and self.option_of(st.spec) is opt
+        if key not in self._models:
+            self._models[key] = self._fit_arm(opt, lookup)
+        return self._models[key]
+
+    def _fit_arm(self, opt: MethodOptions, lookup: tuple[int, int] | None) -> ArmModel | None:
+        numbers = {
+            n for st in self.stats.values()
+            if st.spec.schedule is None and self.option_of(st.spec) is opt and not st.diverged
             and (lookup is None or (st.spec.prompt_lookup_min, st.spec.prompt_lookup_max) == lookup)
-        ]
-        results = [r.result for r in self.search_records
-                   if r.result is not None and r.result.status.has_figures() and r.spec is not None
-                   and any(r.number in st.numbers for st in rows)]
-        curve = None
-        cost = None
-        depth = 0
-        if results and self.baseline_step:
-            use_steps = not opt.fixed_length and all(
-                lr.spec_decode is not None and lr.spec_decode.decode_steps for res in results for lr in res.levels
+            for n in st.numbers
+        }
+        results = [r.result for r in self.search_records if r.number in numbers and r.result is not None]
+        if not results or not self.baseline_tpot:
+            return None
+        fixed = opt.fixed_length
+        stats = [lr.spec_decode for res in results for lr in res.levels if lr.spec_decode is not None]
+        use_steps = not fixed and bool(stats) and all(sd.decode_steps for sd in stats)
+        curve = AcceptanceCurve.pooled(stats, use_steps)
+        if curve is None:
+            return None
+        deepest = max(results, key=lambda res: res.spec.num_speculative_tokens)
+        depth = deepest.spec.num_speculative_tokens
+        rate, per_proposal = 1.0, float(depth)
+        if not fixed:
+            ds = [lr.spec_decode for lr in deepest.levels if lr.spec_decode is not None]
+            drafts = sum(sd.num_drafts for sd in ds)
+            steps = sum(sd.decode_steps or 0 for sd in ds)
+            rate = drafts / steps if use_steps and steps else 1.0
+            per_proposal = sum(sd.num_draft_tokens for sd in ds) / drafts if drafts else float(depth)
+        kind = BLOCK if opt.method in {Method.DFLASH, Method.DSPARK} else (CHAIN if fixed else LOOKUP)
+        points: list[CostPoint] = []
+        ttft: dict[str, list[float]] = {}
+        prefill: dict[str, list[float]] = {}
+        for res in results:
+            k = res.spec.num_speculative_tokens
+            for label in self.labels:
+                lr = res.level(label)
+                if lr is None or label not in self.baseline_tpot or lr.tpot_ms.mean <= 0:
+                    continue
+                sd = lr.spec_decode
+                if sd is None or not sd.num_drafts:
+                    tau, v = curve.tau(k), float(k)
+                elif use_steps:
+                    tau = 1.0 + sd.num_accepted_tokens / sd.decode_steps
+                    v = sd.num_draft_tokens / sd.decode_steps
+                else:
+                    tau = sd.acceptance_length
+                    v = sd.mean_proposed_per_draft if not fixed else float(k)
+                t_off, c = self.baseline_tpot[label], self.baseline_c[label]
+                per_ms = lr.request_throughput / 1000.0
+                pf = prefill_share(lr.ttft_ms.mean, lr.tpot_ms.mean * tau, per_ms)
+                prefill.setdefault(label, []).append(pf)
+                step = raw_step(lr.tpot_ms.mean, tau, per_ms, pf)
+                points.append(CostPoint(c, k, v, step - t_off - overhead_ms(t_off, c)))
+                ttft.setdefault(label, []).append(lr.ttft_ms.mean)
+        if not points:
+            return None
+        costs = [c for c in (fit(points, kind=kind, prefer="d"), fit(points, kind=kind, prefer="u")) if c]
+        return ArmModel(
+            curve=curve, costs=costs, depth=depth, rate=rate, per_proposal=per_proposal, fixed=fixed,
+            unbiased=fixed or use_steps,
+            ttft={label: statistics.fmean(v) for label, v in ttft.items()},
+            prefill={label: statistics.fmean(v) for label, v in prefill.items()},
+        )
+
+    def _per_level(self, arm: ArmModel, k: int, tau: float, cost: StepCost) -> dict[str, float]:
+        v = float(k) if arm.fixed else arm.rate * min(k, arm.per_proposal)
+        out = {}
+        for label in self.labels:
+            t_off = self.baseline_tpot[label]
+            c = self.baseline_c[label]
+            step = t_off + overhead_ms(t_off, c) + cost.extra(c, k, v)
+            out[label] = closed_loop_gain(
+                t_off, step, tau, c=c, prefill=self.baseline_prefill[label], out_tokens=self.baseline_out[label],
+                prefill_k=arm.prefill.get(label),
+                tpot=self.objective is Objective.TPOT,
             )
-            curve = AcceptanceCurve.pooled(
-                (lr.spec_decode for res in results for lr in res.levels if lr.spec_decode is not None), use_steps
-            )
-            depth = max(res.spec.num_speculative_tokens for res in results)
-            points = []
-            for res in results:
-                k = res.spec.num_speculative_tokens
-                for label in self.labels:
-                    lr = res.level(label)
-                    if lr is None or label not in self.baseline_step:
-                        continue
-                    sd = lr.spec_decode
-                    if sd is not None and sd.num_drafts and not use_steps:
-                        tau = sd.acceptance_length
-                    else:
-                        tau = curve.tau(k) if curve else 1.0
-                    st = step_time(lr, tau)
-                    if st is not None:
-                        points.append(CostPoint(self.baseline_c[label], k, st - self.baseline_step[label]))
-            cost = fit(points, block=opt.method in {Method.DFLASH, Method.DSPARK})
-        self._curves[key] = (curve, cost, depth)
-        return self._curves[key]
+        return out
 
     def predict(self, opt: MethodOptions, spec: SpecConfig) -> tuple[dict[str, float] | None, float]:
-        """Per-level predicted speedups and the optimism margin; (None, inf) when the arm is unmeasured."""
+        """Per-level predicted speedups and an optimistic objective; (None, inf) when the arm is unmeasured.
+
+        Fixed-length arms: tau from the measured acceptance curve, one point prediction, optimism = noise / 2
+        (three times that beyond the measured depth). Lookup arms only bound: beyond the measured depth
+        every further position is assumed accepted whenever the last measured one was, and when one depth
+        cannot separate the two cost terms both attributions are tried and the better one kept.
+        """
         if spec.is_off:
-            return dict.fromkeys(self.labels, 1.0), 0.0
+            return dict.fromkeys(self.labels, 1.0), 1.0
         lookup = (spec.prompt_lookup_min, spec.prompt_lookup_max) if opt.lookups else None
-        curve, cost, depth = self._arm_model(opt, lookup)
-        if curve is None or cost is None or not self.has_baseline:
+        arm = self._arm_model(opt, lookup) or (self._arm_model(opt, None) if lookup is not None else None)
+        if arm is None or not self.has_baseline:
             return None, math.inf
         k = spec.num_speculative_tokens
-        tau = curve.tau(k)
-        per_level = {}
-        for label in self.labels:
-            t_off = self.baseline_step[label]
-            per_level[label] = tau * t_off / (t_off + cost.extra(self.baseline_c[label], k))
         n = self.noise
-        margin = n / 2 if opt.fixed_length and k <= depth else 3 * n
-        return per_level, margin
+        own_window = lookup is None or self._arm_model(opt, lookup) is not None
+        if arm.fixed:
+            tau = arm.curve.tau(k)
+            per_level = self._per_level(arm, k, tau, arm.costs[0])
+            margin = n / 2 if k <= arm.depth else 3 * n
+            return per_level, combine(per_level, self.weights) * (1 + margin)
+        depth = arm.depth
+        tau = arm.curve.tau(min(k, depth)) + max(0, k - depth) * arm.curve.survival(depth)
+        options = [self._per_level(arm, k, tau, cost) for cost in arm.costs]
+        values = [combine(p, self.weights) for p in options]
+        if not own_window:
+            margin = 3 * n  # another lookup window changes the match rate: a wide bound
+        elif k <= depth and arm.unbiased:
+            margin = n / 2  # a truncation of measured proposals, counted per decode step
+        else:
+            margin = 2 * n
+        return options[0], max(values) * (1 + margin)
 
     def candidates(self, pending_keys: set[str]) -> list[Candidate]:
         """Untried configurations of arms still in play, with predictions."""
@@ -327,12 +416,11 @@ class Analysis:
                     continue
                 if key in self.stats or key in pending_keys or key in self.failed_configs:
                     continue
-                per_level, margin = self.predict(opt, spec)
+                per_level, optimistic = self.predict(opt, spec)
                 if per_level is None:
                     out.append(Candidate(spec, opt, None, None, math.inf))
                 else:
-                    pred = combine(per_level, self.weights)
-                    out.append(Candidate(spec, opt, per_level, pred, pred * (1 + margin)))
+                    out.append(Candidate(spec, opt, per_level, combine(per_level, self.weights), optimistic))
         return out
 
     def threshold(self) -> float:
@@ -370,7 +458,8 @@ class Analysis:
                             s = st.per_level()[label]
                         elif opt.fixed_length and spec.key() not in self.failed_configs:
                             per_level, _ = self.predict(opt, spec)
-                            if per_level is None or spec.num_speculative_tokens > self._arm_model(opt, lookup)[2]:
+                            arm = self._arm_model(opt, lookup)
+                            if per_level is None or arm is None or spec.num_speculative_tokens > arm.depth:
                                 continue
                             s = per_level[label]
                         else:

@@ -125,7 +125,8 @@ def build_outcome(
         elif confirmed is not None and confirmed.runs >= planner.confirm_runs:
             if confirmed.mean <= 1 + noise:
                 notes.append(f"off: {win.spec.label()} measured {s_search:.3f}x in the search but "
-                             f"{confirmed.mean:.3f}x over {confirmed.runs} confirmation runs, within noise of the baseline; "
+                             f"{confirmed.mean:.3f}x over {confirmed.runs} confirmation runs, within noise of the "
+                             "baseline; "
                              "do not speculate")
             else:
                 best, best_trial, speedup = win.spec, win.numbers[0], confirmed

@@ -375,28 +375,30 @@ class OptunaPlanner:
         return None if any(r.pending and r.purpose in ("baseline", "search") for r in records) else ""
 
     def _probe(self, a: Analysis, cands: list[Candidate], records: list[Record]) -> SpecConfig | None:
-        """The first measurement of an arm (and of each ngram lookup window) nobody has measured or queued."""
-        covered: set[tuple[str, Any]] = set()
+        """The first measurement of an arm nobody has measured or queued: its deepest allowed depth.
+
+        One trial at depth K gives the acceptance curve of every depth <= K. After an out-of-memory failure
+        with nothing measured yet, the next probe halves the depth instead of stepping down one at a time.
+        """
+        covered: set[str] = set()
         for r in records:
             if r.spec is None or r.spec.is_off or r.spec.schedule is not None:
                 continue
             if r.pending or (r.result is not None and r.result.status.has_figures()):
-                covered.add(self._probe_key(r.spec))
+                covered.add(self._probe_key(r.spec)[0])
         for opt in self.space.options:
-            if opt.method is Method.OFF or opt.key in a.excluded_arms:
+            if opt.method is Method.OFF or opt.key in a.excluded_arms or opt.key in covered:
                 continue
-            for lookup in opt.lookups or (None,):
-                if (opt.key, lookup) in covered:
-                    continue
-                mine = [c for c in cands if c.option is opt and self._probe_key(c.spec)[1] == lookup]
-                if not mine:
-                    continue
-                depths = [c.spec.num_speculative_tokens for c in mine]
-                if opt.fixed_length:
-                    depth = max(depths)
-                else:
-                    depth = min(depths, key=lambda d: (abs(d - 4), d))
-                return opt.spec(depth, lookup)
+            first_lookup = opt.lookups[0] if opt.lookups else None
+            mine = [c for c in cands if c.option is opt and self._probe_key(c.spec)[1] == first_lookup]
+            if not mine:
+                continue
+            depths = sorted(c.spec.num_speculative_tokens for c in mine)
+            depth = depths[-1]
+            if opt.key in a.caps:
+                halved = [d for d in depths if d <= max(1, a.caps[opt.key] // 2)]
+                depth = halved[-1] if halved else depths[0]
+            return opt.spec(depth, first_lookup)
         return None
 
     @staticmethod
