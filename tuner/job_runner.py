@@ -297,7 +297,12 @@ class _JobRun:
 
         log_dir = str(self.r._log_dir / self.job_id) if self.r._log_dir else None
         ctx = TrialContext(is_cancelled=self._is_cancelled, on_process_started=on_started, log_dir=log_dir)
-        return executor.submit(trial, ctx)
+        try:
+            return executor.submit(trial, ctx)
+        except Exception as e:  # e.g. a job for one chip on a worker with another: recorded, never run
+            future: Future[TrialResult] = Future()
+            future.set_result(_infra(proposal, f"not launched: {e}", spec))
+            return future
 
     def _record(self, planner: Planner, proposal: Proposal, result: TrialResult) -> None:
         if not result.worker:

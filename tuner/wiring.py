@@ -174,7 +174,11 @@ def make_executor(settings: Settings, spec: JobSpec) -> TrialExecutor:
         evaluator = simulated_evaluator(
             spec, pace_s=settings.simulated_trial_s, placeholder_process=settings.simulated_placeholder_process
         )
-        return LocalExecutor(evaluator, gpus=[], lease_dir=lease_dir, hardware="auto", engine=Engine.SIMULATED)
+        # The simulated engine stands in for the requested chip, whatever this host has.
+        family = None if spec.hardware == "auto" else spec.hardware
+        return LocalExecutor(
+            evaluator, gpus=[], lease_dir=lease_dir, hardware=spec.hardware, family=family, engine=Engine.SIMULATED
+        )
     options = runner_options(settings, log_dir)
     if settings.executor == "ray":
         from tuner.workers.executors import RayExecutor

@@ -80,9 +80,16 @@ def test_bad_input_is_422_naming_the_field(api: Api, patch: dict, field: str) ->
 
 
 def test_serving_allowlist_accepts_known_args(api: Api) -> None:
-    serving = {"args": {"tensor_parallel_size": 8, "max_model_len": 8192, "enable_prefix_caching": True,
-                        "kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.9},
-               "env": {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MHA": "0"}}
+    serving = {
+        "args": {
+            "tensor_parallel_size": 8,
+            "max_model_len": 8192,
+            "enable_prefix_caching": True,
+            "kv_cache_dtype": "fp8",
+            "gpu_memory_utilization": 0.9,
+        },
+        "env": {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MHA": "0"},
+    }
     r = api.client.post("/tune", json=body(upload(api), serving=serving, hardware="mi300x"), headers=api.tune)
     assert r.status_code == 202, r.text
 
@@ -102,7 +109,9 @@ def test_auth_missing_wrong_and_scoped(api: Api) -> None:
     assert r.status_code == 401
     assert r.headers["www-authenticate"] == "Bearer"
     assert r.headers["content-type"] == "application/problem+json"
-    assert api.client.post("/tune", json=body(traffic), headers={"Authorization": "Bearer stk_wrong"}).status_code == 401
+    assert (
+        api.client.post("/tune", json=body(traffic), headers={"Authorization": "Bearer stk_wrong"}).status_code == 401
+    )
     assert api.client.post("/tune", json=body(traffic), headers=api.read).status_code == 403
     job = api.client.post("/tune", json=body(traffic), headers=api.tune).json()
     assert api.client.get(f"/tune/{job['id']}", headers=api.tune_only).status_code == 403

@@ -1,0 +1,106 @@
+"""POST /tune -> GET /tune/{id} -> GET /recommendation through the real app, its in-process runner, the
+Optuna planner and the simulated engine, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.test_traffic import sharegpt_subset
+from tuner.api.app import create_app
+from tuner.auth import create_token
+from tuner.demo import LLAMA_8B_CONFIG
+from tuner.settings import Settings
+from tuner.store.db import make_engine, make_session_factory, transaction
+from tuner.wiring import make_runner
+
+
+@pytest.fixture
+def served(db_url: str, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
+    settings = Settings(database_url=db_url, data_dir=tmp_path, poll_s=0.1, heartbeat_s=0.5)
+    engine = make_engine(db_url)
+    with transaction(make_session_factory(engine)) as s:
+        token = create_token(s, "e2e", ["tune", "read"])
+    engine.dispose()
+    app = create_app(settings, background=lambda st, f: make_runner(st, f, report=False))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client, {"Authorization": f"Bearer {token}"}
+
+
+def test_tune_to_recommendation(served: tuple[TestClient, dict[str, str]]) -> None:
+    client, auth = served
+    sample = client.post("/traffic", content=sharegpt_subset(12), headers=auth).json()
+    r = client.post(
+        "/tune",
+        headers=auth,
+        json={
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "hf_config": LLAMA_8B_CONFIG,
+            "traffic": sample["id"],
+            "engine": "simulated",
+            "hardware": "mi300x",
+            "concurrency": [1, 64],
+            "num_requests": 16,
+            "budget": {"max_trials": 6},
+            "confirm_runs": 2,
+            "slo": {"p99_tpot_ms": 500},
+        },
+    )
+    assert r.status_code == 202, r.text
+    job_url = r.headers["location"]
+    deadline = time.monotonic() + 120
+    while (job := client.get(job_url, headers=auth).json())["status"] in ("queued", "running"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+    assert job["status"] == "succeeded", job
+    assert job["best"]["simulated"] is True
+    trials = client.get(f"{job_url}/trials", headers=auth).json()
+    assert trials[0]["method"] == "off" and trials[0]["purpose"] == "baseline"
+    assert all(t["simulated"] and t["engine"] == "simulated" for t in trials)
+    assert sum(t["purpose"] == "confirm" for t in trials) >= 2
+    # simulated results never answer a measured query
+    assert (
+        client.get("/recommendation", params={"model": "meta-llama/Llama-3.1-8B-Instruct"}, headers=auth).status_code
+        == 404
+    )
+    rec = client.get(
+        "/recommendation",
+        params={"model": "meta-llama/Llama-3.1-8B-Instruct", "engine": "simulated", "hardware": "mi300x"},
+        headers=auth,
+    )
+    assert rec.status_code == 200, rec.text
+    body = rec.json()
+    assert body["engine"] == "simulated" and body["simulated"] is True
+    assert body["summary"].startswith("[SIMULATED]")
+    assert body["measured_on"]["traffic_id"] == sample["id"]
+    assert body["provenance"]["job_id"] == job["id"]
+    assert body["serve_args"][:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
+    if body["speculative_config"] is None:
+        assert body["speculation"] == "off" and "No speculation" in " ".join(body["notes"])
+    else:
+        assert "--speculative-config" in body["serve_args"]
+        assert body["speedup"]["runs"] >= 2 and body["speedup"]["low"] <= body["speedup"]["mean"]
+    # the workload class finds it too (tomorrow's traffic of the same kind), and concurrency picks a range
+    by_class = client.get(
+        "/recommendation",
+        params={
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "engine": "simulated",
+            "workload": sample["workload_class"],
+        },
+        headers=auth,
+    )
+    assert by_class.status_code == 200 and by_class.json()["id"] == body["id"]
+    at_64 = client.get(
+        "/recommendation",
+        params={"model": "meta-llama/Llama-3.1-8B-Instruct", "engine": "simulated", "concurrency": 64},
+        headers=auth,
+    ).json()
+    assert at_64["concurrency"]["low"] <= 64 and at_64["scope"] != "all"
+    metrics = client.get("/metrics").text
+    assert 'tuner_jobs{status="succeeded"} 1.0' in metrics
+    assert 'tuner_trials_run_total{engine="simulated",status="succeeded"}' in metrics

@@ -1,0 +1,292 @@
+"""Trials on this host's GPUs, in threads, each on a disjoint GPU group leased from the shared lease."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import inspect
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.domain import Engine, Evaluator, FailureClass, TrialContext, TrialResult, TrialSpec, TrialStatus
+from tuner.workers.executors._base import (
+    AttemptRecord,
+    Executor,
+    ExecutorClosed,
+    HardwareMismatch,
+    engine_of,
+    failed_result,
+    hostname,
+    resolved,
+    with_origin,
+)
+from tuner.workers.executors._procs import kill_group
+from tuner.workers.gpu_lease import GpuLease, LeasedGroup
+from tuner.workers.hardware import canonical_family, detect_gpus, hardware_matches
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Trial:
+    key: str
+    spec: TrialSpec
+    ctx: TrialContext
+    tp: int
+    future: concurrent.futures.Future[TrialResult]
+    pgids: list[int] = field(default_factory=list)
+    kill: threading.Event = field(default_factory=threading.Event)  # executor-side cancel (close)
+
+
+class LocalExecutor(Executor):
+    """Runs trials in threads on this host, never two on one GPU, across every process sharing ``lease_dir``.
+
+    ``evaluator`` is an Evaluator or a zero-argument factory of one (called once per trial, so
+    evaluators need not be thread-safe). ``gpus``: physical ids to use; None detects them
+    (amd-smi / rocm-smi / nvidia-smi); ``[]`` is a CPU-only host with one slot, itself leased so that two
+    worker processes on one CPU host do not run two servers at once. ``hardware`` is the family this
+    executor serves ("auto": whatever the host has); ``family`` names the GPUs when ``gpus`` is given
+    explicitly (else they are detected).
+    """
+
+    def __init__(
+        self,
+        evaluator: Evaluator | Callable[[], Evaluator],
+        *,
+        gpus: Sequence[int] | None = None,
+        lease_dir: Path,
+        hardware: str = "auto",
+        family: str | None = None,
+        engine: Engine | None = None,
+        hang_grace_s: float = 10.0,
+        cancel_grace_s: float = 30.0,
+        poll_s: float = 0.1,
+    ) -> None:
+        self._factory = _as_factory(evaluator)
+        if gpus is None:
+            detected = detect_gpus()
+            gpus = [g.index for g in detected]
+            families = {g.family for g in detected}
+            family = family or (families.pop() if len(families) == 1 else None)
+        self.gpus: tuple[int, ...] = tuple(sorted(set(int(g) for g in gpus)))
+        self.cpu_only = not self.gpus
+        if self.cpu_only:
+            family = family or "cpu"  # a caller may name the chip a CPU-only evaluator stands in for (simulated)
+        elif family is None and hardware != "auto":
+            family = canonical_family(hardware)
+        self.family = family
+        self.hardware = hardware
+        if not hardware_matches(hardware, family):
+            raise HardwareMismatch(f"executor for {hardware!r} on a host with {family or 'mixed/unknown'} GPUs")
+        self.engine = engine or engine_of(evaluator)
+        self._lease = GpuLease(Path(lease_dir) / "cpu") if self.cpu_only else GpuLease(lease_dir)
+        self._among: tuple[int, ...] = (0,) if self.cpu_only else self.gpus
+        self.hang_grace_s = hang_grace_s
+        self.cancel_grace_s = cancel_grace_s
+        self.poll_s = poll_s
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Trial] = {}  # submitted, no GPUs yet
+        self._running: dict[str, _Trial] = {}
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._ids = itertools.count()
+        self.history: list[AttemptRecord] = []
+
+    # -- contract ----------------------------------------------------------------------------------
+    def free_slots(self, tensor_parallel_size: int = 1) -> int:
+        if self._closed:
+            return 0
+        need = 1 if self.cpu_only else max(1, int(tensor_parallel_size))
+        if need > len(self._among):
+            return 0
+        with self._lock:
+            waiting = sum(1 if self.cpu_only else t.tp for t in self._pending.values())
+        free = len(self._lease.free(self._among)) - waiting
+        return max(0, free // need)
+
+    def submit(self, spec: TrialSpec, ctx: TrialContext) -> concurrent.futures.Future[TrialResult]:
+        if self._closed:
+            raise ExecutorClosed("executor is closed")
+        if not hardware_matches(spec.hardware, self.family):
+            raise HardwareMismatch(f"trial for {spec.hardware!r} submitted to a {self.family} executor")
+        tp = spec.serving.tensor_parallel_size
+        if not self.cpu_only and tp > len(self.gpus):
+            return resolved(
+                failed_result(
+                    spec,
+                    self.engine,
+                    FailureClass.UNSUPPORTED,
+                    f"tensor_parallel_size={tp} needs {tp} GPUs; this executor has {len(self.gpus)}",
+                    worker=hostname(),
+                    hardware=self.family,
+                )
+            )
+        trial = _Trial(f"local-{next(self._ids)}", spec, ctx, tp, concurrent.futures.Future())
+        trial.future.set_running_or_notify_cancel()
+        with self._lock:
+            self._pending[trial.key] = trial
+        thread = threading.Thread(target=self._run, args=(trial,), name=f"trial-{trial.key}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return trial.future
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            trials = [*self._pending.values(), *self._running.values()]
+        for trial in trials:
+            trial.kill.set()
+        for thread in self._threads:
+            thread.join(timeout=self.cancel_grace_s + self.hang_grace_s + 30)
+
+    # -- one trial ---------------------------------------------------------------------------------
+    def _run(self, trial: _Trial) -> None:
+        try:
+            group = self._wait_for_group(trial)
+            if group is None:
+                self._finish(trial, self._cancelled(trial, "cancelled before it started"), None, "cancelled")
+                return
+            with group:
+                self._execute(trial, group)
+        except BaseException as exc:  # never leave a future unresolved
+            log.exception("trial %s: executor error", trial.key)
+            if not trial.future.done():
+                result = failed_result(trial.spec, self.engine, FailureClass.INTERNAL, f"executor: {exc!r}")
+                self._finish(trial, result, None, "error")
+
+    def _wait_for_group(self, trial: _Trial) -> LeasedGroup | None:
+        n = 1 if self.cpu_only else trial.tp
+        label = f"job={trial.spec.job_id} trial={trial.spec.number}"
+        while True:
+            if trial.kill.is_set() or _safe(trial.ctx.is_cancelled):
+                with self._lock:
+                    self._pending.pop(trial.key, None)
+                return None
+            group = self._lease.acquire(n, self._among, timeout=0.5, label=label)
+            if group is not None:
+                with self._lock:
+                    self._pending.pop(trial.key, None)
+                    self._running[trial.key] = trial
+                return group
+
+    def _execute(self, trial: _Trial, group: LeasedGroup) -> None:
+        spec = trial.spec if self.cpu_only else dataclasses.replace(trial.spec, gpu_ids=group.gpus)
+        done = threading.Event()
+        box: dict[str, object] = {}
+
+        def on_started(pgid: int) -> None:
+            trial.pgids.append(pgid)
+            _safe(lambda: trial.ctx.on_process_started(pgid))
+
+        ctx = TrialContext(
+            is_cancelled=lambda: trial.kill.is_set() or _safe(trial.ctx.is_cancelled),
+            on_process_started=on_started,
+            log_dir=trial.ctx.log_dir,
+        )
+
+        def call() -> None:
+            try:
+                box["result"] = self._factory()(spec, ctx)
+            except BaseException as exc:
+                box["error"] = exc
+            finally:
+                done.set()
+
+        t0 = time.monotonic()
+        runner = threading.Thread(target=call, name=f"eval-{trial.key}", daemon=True)
+        runner.start()
+        limit = t0 + trial.spec.deadline_s + self.hang_grace_s if trial.spec.deadline_s else float("inf")
+        cancel_seen: float | None = None
+        forced: str | None = None
+        while not done.wait(self.poll_s):
+            now = time.monotonic()
+            if now >= limit:
+                forced = "timeout"
+                break
+            if cancel_seen is None and ctx.is_cancelled():
+                cancel_seen = now
+            if cancel_seen is not None and now - cancel_seen >= self.cancel_grace_s:
+                forced = "cancelled"
+                break
+        wall = time.monotonic() - t0
+        where = hostname()
+        if forced is None:
+            if "error" in box:
+                exc = box["error"]
+                result = failed_result(
+                    trial.spec, self.engine, FailureClass.INTERNAL, f"evaluator raised {exc!r}", wall_s=wall
+                )
+                self._finish(trial, with_origin(result, where, self.family), where, "error")
+            else:
+                result = box["result"]
+                assert isinstance(result, TrialResult)
+                self._finish(trial, with_origin(result, where, self.family), where, "result")
+            return
+        # Hung or ignoring cancellation: kill what it started, resolve now, keep the GPUs until it returns.
+        for pgid in trial.pgids:
+            kill_group(pgid)
+        if forced == "timeout":
+            result = failed_result(
+                trial.spec,
+                self.engine,
+                FailureClass.TIMEOUT,
+                f"trial exceeded its deadline of {trial.spec.deadline_s:g} s and was killed",
+                worker=where,
+                hardware=self.family,
+                pgid=trial.pgids[-1] if trial.pgids else None,
+                wall_s=wall,
+            )
+        else:
+            result = self._cancelled(trial, "cancelled and killed after the grace period")
+        self._finish(trial, result, where, forced)
+        if not done.wait(self.hang_grace_s + 30):
+            log.warning("trial %s: evaluator still running after its processes were killed", trial.key)
+        done.wait()
+
+    def _cancelled(self, trial: _Trial, reason: str) -> TrialResult:
+        return failed_result(
+            trial.spec,
+            self.engine,
+            FailureClass.CANCELLED,
+            reason,
+            status=TrialStatus.CANCELLED,
+            worker=hostname(),
+            hardware=self.family,
+        )
+
+    def _finish(self, trial: _Trial, result: TrialResult, where: str | None, outcome: str) -> None:
+        with self._lock:
+            self._running.pop(trial.key, None)
+            self._pending.pop(trial.key, None)
+            self.history.append(AttemptRecord(trial.key, 0, outcome, where, pgids=tuple(trial.pgids)))
+        if not trial.future.done():
+            trial.future.set_result(result)
+
+
+def _as_factory(evaluator: Evaluator | Callable[[], Evaluator]) -> Callable[[], Evaluator]:
+    """An Evaluator takes (spec, ctx); a factory takes nothing. Tell them apart by their signature."""
+    try:
+        sig = inspect.signature(evaluator)
+    except (TypeError, ValueError):
+        return lambda: evaluator  # type: ignore[return-value]
+    required = [
+        p
+        for p in sig.parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if required:
+        return lambda: evaluator  # type: ignore[return-value]
+    return evaluator  # type: ignore[return-value]
+
+
+def _safe(fn: Callable[[], object]) -> bool:
+    try:
+        return bool(fn())
+    except Exception:
+        log.exception("callback failed")
+        return False
