@@ -69,12 +69,9 @@ def worker_identity(name: str) -> str:
 
 
 def _kill_group(pgid: int) -> None:
-    import signal
+    from tuner.workers.vllm_server import kill_process_group
 
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    kill_process_group(pgid, grace_s=5.0)
 
 
 @dataclass

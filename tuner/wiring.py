@@ -192,8 +192,6 @@ def make_executor(settings: Settings, spec: JobSpec) -> TrialExecutor:
 
 
 def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: bool = True) -> JobRunner:
-    from tuner.workers.vllm_server import kill_process_group
-
     return JobRunner(
         factory,
         planner_factory=lambda job_id, spec, reqs: make_planner(settings, job_id, spec, reqs),
@@ -203,6 +201,5 @@ def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: b
         stale_after_s=settings.stale_after_s,
         poll_s=settings.poll_s,
         log_dir=settings.log_dir,
-        kill_group=lambda pgid: kill_process_group(pgid, grace_s=5.0) and None,
         host_report=host_report(settings) if report else None,
     )
