@@ -83,7 +83,7 @@ def per_level_winners(a: Analysis, records: Sequence[Record]) -> tuple[LevelWinn
 def _short(spec: SpecConfig) -> str:
     if spec.is_off:
         return "off"
-    return f"{spec.method.value} k={spec.num_speculative_tokens}"
+    return f"{spec.method.value} k={spec.num_speculative_tokens}" + (" (schedule)" if spec.schedule else "")
 
 
 def build_outcome(
@@ -166,7 +166,7 @@ def build_outcome(
     if len(arms) > 1:
         notes.append("per-level winners differ: " + ", ".join(f"{_short(w.spec)} wins at {w.level}" for w in winners))
     elif winners:
-        notes.append(f"{_short(winners[0].spec)} family wins at every level ({', '.join(labels)})")
+        notes.append(f"one method+draft wins at every level ({', '.join(labels)}): {_arm(winners[0].spec)}")
     for arm, reason in a.excluded_arms.items():
         notes.append(f"{arm} excluded: {reason}")
     for arm, cap in a.caps.items():
