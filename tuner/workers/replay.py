@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import random
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,20 @@ class ReplaySettings:
     seed: int = 0
     # Exact tokens per chunk (vLLM >= 0.10.2). Off: a chunk with text counts as one token, as vllm bench does.
     return_token_ids: bool = True
+
+
+def make_client(timeout_s: float = 600.0) -> httpx.AsyncClient:
+    """The client every replay uses: no connection cap, and TCP_NODELAY.
+
+    httpcore writes a request's headers and body separately; without TCP_NODELAY, Nagle's algorithm holds
+    the body until the headers are ACKed, and a delayed ACK adds up to tens of milliseconds to each TTFT
+    (aiohttp, which ``vllm bench`` uses, sets TCP_NODELAY for the same reason).
+    """
+    transport = httpx.AsyncHTTPTransport(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+    )
+    return httpx.AsyncClient(transport=transport, timeout=timeout_s)
 
 
 def build_request(req: TrafficRequest, settings: ReplaySettings, *, stream: bool = True) -> tuple[str, dict]:
@@ -73,6 +88,7 @@ async def send_one(
     chunks: list[Chunk] = []
     ids: list[int] = []
     usage_tokens: int | None = None
+    end: float | None = None  # the last data event, the usage chunk included (as vllm bench's latency)
     try:
         async with client.stream("POST", base_url + path, json=body, timeout=settings.request_timeout_s) as r:
             if r.status_code != 200:
@@ -83,8 +99,8 @@ async def send_one(
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    break
-                now = time.perf_counter()
+                    continue  # read on to the end of the body so the connection goes back to the pool
+                now = end = time.perf_counter()
                 event = json.loads(data)
                 if "error" in event:
                     return RequestRecord(index, start, now, tuple(chunks), error=str(event["error"])[:300])
@@ -98,9 +114,8 @@ async def send_one(
                         chunks.append(Chunk(now, n))
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         return RequestRecord(index, start, time.perf_counter(), tuple(chunks), error=f"{type(e).__name__}: {e}")
-    end = time.perf_counter()
-    if not chunks:
-        return RequestRecord(index, start, end, error="stream carried no tokens")
+    if not chunks or end is None:
+        return RequestRecord(index, start, time.perf_counter(), error="stream carried no tokens")
     return RequestRecord(index, start, end, tuple(chunks), usage_tokens, token_ids=tuple(ids))
 
 

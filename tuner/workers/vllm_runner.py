@@ -33,7 +33,7 @@ from tuner.workers.correctness import compare, greedy_outputs
 from tuner.workers.devices import device_env
 from tuner.workers.failures import Observation, Phase, classify
 from tuner.workers.options import RunnerOptions
-from tuner.workers.replay import ReplaySettings, Window, run_level
+from tuner.workers.replay import ReplaySettings, Window, make_client, run_level
 from tuner.workers.timing import summarize
 from tuner.workers.vllm_server import (
     ServerExited,
@@ -211,8 +211,7 @@ class VllmRunner:
                     )
                 )
 
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(limits=limits, timeout=opts.request_timeout_s) as client:
+        async with make_client(opts.request_timeout_s) as client:
             progress.version = await _version(client, base)
             requests = spec.requests
             for level in spec.levels:
