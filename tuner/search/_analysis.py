@@ -166,6 +166,11 @@ class Analysis:
         self.caps: dict[str, int] = {}
         self._failures()
         self.stats = self._config_stats(search)
+        # measured even before the baseline is in (parallel runners): never proposed again
+        self.measured_keys = {
+            r.spec.key() for r in search
+            if r.spec is not None and r.result is not None and r.result.status.has_figures()
+        }
         self.noise = noise if noise is not None else self._estimate_noise()
         self._models: dict[tuple[str, str], ArmModel | None] = {}
 
@@ -414,7 +419,7 @@ class Analysis:
                 key = spec.key()
                 if cap is not None and spec.num_speculative_tokens >= cap:
                     continue
-                if key in self.stats or key in pending_keys or key in self.failed_configs:
+                if key in self.stats or key in self.measured_keys or key in pending_keys or key in self.failed_configs:
                     continue
                 per_level, optimistic = self.predict(opt, spec)
                 if per_level is None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from tuner.domain import (
     SLO,
     Budget,
-    Engine,
     Failure,
     FailureClass,
     LoadLevel,
@@ -101,7 +100,7 @@ def tune(
         except Exception as exc:  # a broken evaluator must not lose the job
             log.exception("evaluator failed on trial %s", proposal.number)
             result = TrialResult(
-                status=TrialStatus.FAILED, engine=Engine.VLLM, spec=proposal.spec,
+                status=TrialStatus.FAILED, engine=planner.engine(), spec=proposal.spec,
                 failure=Failure(FailureClass.INTERNAL, f"{type(exc).__name__}: {exc}"),
             )
         planner.tell(proposal.number, result)

@@ -506,6 +506,8 @@ class OptunaPlanner:
     def confirm_targets(self, a: Analysis) -> list[tuple[str, SpecConfig]]:
         return self._targets(a)
 
-    def engine(self, records: list[Record]) -> Engine:
+    def engine(self, records: list[Record] | None = None) -> Engine:
+        """The engine the results so far came from (simulated until one says otherwise)."""
+        records = self._records() if records is None else records
         return next((r.result.engine for r in records if r.result is not None), Engine.SIMULATED)
 
