@@ -1,0 +1,37 @@
+"""Executors: where trials run. One contract (:class:`Executor`), two implementations.
+
+- :class:`LocalExecutor`: this host's GPUs, in threads, one disjoint GPU group per trial from a lease
+  shared by every worker process on the host.
+- :class:`RayExecutor`: a Ray cluster, one task per trial asking for ``num_gpus = TP`` and the
+  accelerator type of the requested hardware (imported lazily: Ray is an optional dependency).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tuner.workers.executors._base import AttemptRecord, Executor, ExecutorClosed, HardwareMismatch
+from tuner.workers.executors.local import LocalExecutor
+from tuner.workers.executors.recipe import EvaluatorRecipe, build_evaluator
+
+if TYPE_CHECKING:
+    from tuner.workers.executors.ray_executor import RayExecutor
+
+__all__ = [
+    "AttemptRecord",
+    "EvaluatorRecipe",
+    "Executor",
+    "ExecutorClosed",
+    "HardwareMismatch",
+    "LocalExecutor",
+    "RayExecutor",
+    "build_evaluator",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RayExecutor":
+        from tuner.workers.executors.ray_executor import RayExecutor
+
+        return RayExecutor
+    raise AttributeError(name)

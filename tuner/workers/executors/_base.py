@@ -1,0 +1,150 @@
+"""The executor contract the job runner codes against, and the helpers both implementations share."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import socket
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tuner.domain import Engine, Failure, FailureClass, TrialContext, TrialResult, TrialSpec, TrialStatus
+
+
+class HardwareMismatch(ValueError):
+    """A trial asked for hardware this executor does not have: a routing error, never run elsewhere."""
+
+
+class ExecutorClosed(RuntimeError):
+    """``submit`` after ``close``."""
+
+
+class Executor(ABC):
+    """Runs trials on GPUs, as many at once as there are free GPU groups.
+
+    The contract every implementation keeps:
+
+    - ``free_slots(tp)`` says how many more trials of tensor-parallel size ``tp`` could start now. It is
+      checked against what is actually free (the host's GPU lease, the Ray cluster's available
+      resources), less the trials already submitted that have not started yet. It is a snapshot: other
+      workers may take GPUs meanwhile, in which case a submitted trial waits for its group.
+    - ``submit(spec, ctx)`` returns at once with a future. The future always resolves to exactly one
+      :class:`~tuner.domain.TrialResult`, never to an exception and never twice: a trial failure is a
+      result with ``status=FAILED`` and a classified ``failure``. A worker or node lost mid-trial is
+      retried once (on another node when the cluster has one); if the retry is lost too the result is an
+      ``INFRA`` failure. A trial still running ``deadline_s`` (plus a short grace) after it started is
+      killed with its process group: ``TIMEOUT``. ``ctx.is_cancelled()`` is forwarded to the evaluator;
+      a trial that ignores it is killed after a grace period: ``CANCELLED``.
+      ``submit`` raises only for caller errors: :class:`HardwareMismatch` when ``spec.hardware`` is not
+      this executor's hardware, :class:`ExecutorClosed` after ``close``.
+    - The spec the evaluator sees carries the GPUs it may use: ``gpu_ids`` set to the leased physical ids
+      (local), or ``None`` inside Ray, which has already set the visibility variables for the task.
+    - ``close()`` stops accepting trials, cancels those still running (their futures resolve
+      ``CANCELLED``), kills their processes and releases GPUs. It is idempotent.
+    """
+
+    @abstractmethod
+    def free_slots(self, tensor_parallel_size: int = 1) -> int: ...
+
+    @abstractmethod
+    def submit(self, spec: TrialSpec, ctx: TrialContext) -> concurrent.futures.Future[TrialResult]: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One run of a trial on a worker, for logs and tests: what happened and where."""
+
+    trial: str  # the executor's key for the submitted trial
+    attempt: int  # 0, or 1 for the retry after a lost worker
+    outcome: str  # "result" | "lost" | "timeout" | "cancelled" | "error"
+    where: str | None = None  # host or Ray node id
+    detail: str = ""
+    pgids: tuple[int, ...] = ()
+
+
+def failed_result(
+    spec: TrialSpec,
+    engine: Engine,
+    cls: FailureClass,
+    reason: str,
+    *,
+    status: TrialStatus = TrialStatus.FAILED,
+    worker: str | None = None,
+    hardware: str | None = None,
+    pgid: int | None = None,
+    wall_s: float | None = None,
+    log_tail: str = "",
+) -> TrialResult:
+    return TrialResult(
+        status=status,
+        engine=engine,
+        spec=spec.spec,
+        failure=Failure(cls, reason, log_tail),
+        hardware=hardware,
+        worker=worker,
+        pgid=pgid,
+        wall_s=wall_s,
+    )
+
+
+def with_origin(result: TrialResult, worker: str | None, hardware: str | None) -> TrialResult:
+    """Fill in where a result came from when the evaluator did not say."""
+    changes = {}
+    if result.worker is None and worker:
+        changes["worker"] = worker
+    if result.hardware is None and hardware:
+        changes["hardware"] = hardware
+    return dataclasses.replace(result, **changes) if changes else result
+
+
+def resolved(result: TrialResult) -> concurrent.futures.Future[TrialResult]:
+    fut: concurrent.futures.Future[TrialResult] = concurrent.futures.Future()
+    fut.set_result(result)
+    return fut
+
+
+def engine_of(evaluator: object, default: Engine = Engine.VLLM) -> Engine:
+    """The engine label of an evaluator (``engine`` attribute, else by class name), so that a failure
+    record made by the executor never loses the "simulated" label."""
+    value = getattr(evaluator, "engine", None)
+    if value is not None:
+        try:
+            return Engine(value)
+        except ValueError:
+            pass
+    name = evaluator.__name__ if isinstance(evaluator, type) else type(evaluator).__name__
+    if "simulat" in name.lower():
+        return Engine.SIMULATED
+    return default
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def throttled(fn: Callable[[], bool], every_s: float) -> Callable[[], bool]:
+    """``fn`` called at most every ``every_s`` seconds; a True answer sticks."""
+    import time
+
+    state = {"at": float("-inf"), "value": False}
+
+    def check() -> bool:
+        if state["value"]:
+            return True
+        now = time.monotonic()
+        if now - state["at"] >= every_s:
+            state["at"] = now
+            state["value"] = bool(fn())
+        return bool(state["value"])
+
+    return check

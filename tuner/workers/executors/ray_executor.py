@@ -1,0 +1,532 @@
+"""Trials on a Ray cluster: one Ray task per trial, on GPUs of the requested hardware.
+
+Each trial is a task asking for ``num_gpus = TP`` and one of the Ray accelerator types of the requested
+family (a node advertises ``accelerator_type:<name>`` and the ``ray.io/accelerator-type`` label; AMD
+names come from the PCI id, so one family may have several: MI300X is ``-OAM`` or ``-HF``). Inside the
+task Ray has already set ``HIP_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES`` relative to the node's ROCR
+set: the evaluator gets ``gpu_ids=None`` and the vLLM runner ``in_ray=True`` so physical ids are never
+applied again.
+
+Faults. Tasks run with ``max_retries=0``: the executor, not Ray, decides. A task whose worker or node
+was lost (``WorkerCrashedError``, ``NodeDiedError``, ``ActorDiedError``, lost objects) is recorded as
+lost, the process groups it reported are killed by a cleanup task pinned to its node
+(``NodeAffinitySchedulingStrategy``), and it is retried once, on another node when one of the hardware
+exists (label selector ``ray.io/node-id: !<node>``). The pgids travel through a small registry actor the
+task calls from ``ctx.on_process_started``; they belong to the remote node, so they are not forwarded to
+the caller's ``ctx.on_process_started`` (a pgid means nothing on the driver's host). A trial still
+running at ``deadline_s`` (+ ``hang_grace_s``) after it started is force-cancelled (Ray kills the
+worker) and its process groups killed the same way.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray import exceptions as rex
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from tuner.domain import FailureClass, TrialContext, TrialResult, TrialSpec, TrialStatus
+from tuner.workers.executors._base import (
+    AttemptRecord,
+    Executor,
+    ExecutorClosed,
+    HardwareMismatch,
+    failed_result,
+    resolved,
+    throttled,
+    with_origin,
+)
+from tuner.workers.executors._procs import kill_group
+from tuner.workers.executors.recipe import EvaluatorRecipe, build_evaluator
+from tuner.workers.hardware import canonical_family, family_of_ray_type, hardware_matches, ray_accelerator_types
+
+log = logging.getLogger(__name__)
+
+ACCELERATOR_LABEL = "ray.io/accelerator-type"
+NODE_ID_LABEL = "ray.io/node-id"
+ACCELERATOR_RESOURCE = "accelerator_type:"
+# A worker, its node or an object it held went away: the trial did not fail, its machine did.
+LOST = (
+    rex.WorkerCrashedError,
+    rex.NodeDiedError,
+    rex.RayActorError,
+    rex.ObjectLostError,
+    rex.LocalRayletDiedError,
+    rex.RaySystemError,
+    rex.OutOfMemoryError,  # Ray's memory monitor killed the worker
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# What runs on the cluster
+# --------------------------------------------------------------------------------------------------
+@ray.remote(num_cpus=0, max_restarts=0)
+class _Registry:
+    """Where tasks report that they started, on which node, and the process groups they left."""
+
+    def __init__(self) -> None:
+        self._info: dict[str, dict[str, Any]] = {}
+        self._cancel: set[str] = set()
+
+    def started(self, key: str, node_id: str, host: str, pid: int) -> None:
+        self._info.setdefault(key, {"pgids": []}).update(node_id=node_id, host=host, pid=pid, t=time.time())
+
+    def add_pgid(self, key: str, pgid: int) -> None:
+        self._info.setdefault(key, {"pgids": []})["pgids"].append(int(pgid))
+
+    def info(self, key: str) -> dict[str, Any] | None:
+        return self._info.get(key)
+
+    def cancel(self, key: str) -> None:
+        self._cancel.add(key)
+
+    def is_cancelled(self, key: str) -> bool:
+        return key in self._cancel
+
+    def forget(self, key: str) -> None:
+        self._info.pop(key, None)
+        self._cancel.discard(key)
+
+
+def _trial_task(recipe: EvaluatorRecipe, spec: TrialSpec, key: str, registry: Any, log_dir: str | None) -> TrialResult:
+    node_id = ray.get_runtime_context().get_node_id()
+    try:
+        ray.get(registry.started.remote(key, node_id, socket.gethostname(), os.getpid()), timeout=60)
+    except Exception:
+        log.exception("trial %s: registry unreachable", key)
+
+    def on_started(pgid: int) -> None:
+        # Synchronous: the pgid must be on record before the worker can be lost.
+        try:
+            ray.get(registry.add_pgid.remote(key, pgid), timeout=60)
+        except Exception:
+            log.exception("trial %s: could not record pgid %s", key, pgid)
+
+    def cancelled() -> bool:
+        try:
+            return bool(ray.get(registry.is_cancelled.remote(key), timeout=30))
+        except Exception:
+            return False
+
+    ctx = TrialContext(is_cancelled=throttled(cancelled, 1.0), on_process_started=on_started, log_dir=log_dir)
+    evaluator = build_evaluator(recipe, in_ray=True)
+    return evaluator(dataclasses.replace(spec, gpu_ids=None), ctx)
+
+
+def _cleanup_task(pgids: list[int]) -> dict[int, bool]:
+    return {pgid: kill_group(pgid) for pgid in pgids if pgid > 1}
+
+
+_remote_trial = ray.remote(max_retries=0)(_trial_task)
+_remote_cleanup = ray.remote(num_cpus=0, max_retries=0)(_cleanup_task)
+
+
+# --------------------------------------------------------------------------------------------------
+# The cluster as the driver sees it
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeView:
+    node_id: str
+    host: str
+    accelerator_types: tuple[str, ...]  # from accelerator_type:<name> resources
+    label_type: str | None  # the ray.io/accelerator-type label
+    gpus_total: float
+    gpus_free: float
+
+    @property
+    def family(self) -> str | None:
+        names = [*self.accelerator_types, *([self.label_type] if self.label_type else [])]
+        return family_of_ray_type(names[0]) if names else None
+
+
+def cluster_nodes() -> list[NodeView]:
+    """Alive nodes with their accelerator types and free GPUs (per node, from Ray's resource view)."""
+    try:
+        from ray._private.state import available_resources_per_node
+
+        available = available_resources_per_node()
+    except Exception:  # private API; without it only the cluster total is known
+        available = None
+    out = []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        total = node.get("Resources") or {}
+        free = (available or {}).get(node["NodeID"], {}) if available is not None else total
+        types = tuple(sorted(k[len(ACCELERATOR_RESOURCE) :] for k in total if k.startswith(ACCELERATOR_RESOURCE)))
+        out.append(
+            NodeView(
+                node_id=node["NodeID"],
+                host=node.get("NodeManagerHostname") or node.get("NodeManagerAddress") or "",
+                accelerator_types=types,
+                label_type=(node.get("Labels") or {}).get(ACCELERATOR_LABEL),
+                gpus_total=float(total.get("GPU", 0)),
+                gpus_free=float(free.get("GPU", 0)),
+            )
+        )
+    if available is None and out:
+        aggregate = float(ray.available_resources().get("GPU", 0))
+        out = [dataclasses.replace(n, gpus_free=min(n.gpus_total, aggregate)) for n in out]
+    return out
+
+
+@dataclass
+class _Trial:
+    key: str
+    spec: TrialSpec
+    ctx: TrialContext
+    tp: int
+    future: concurrent.futures.Future[TrialResult]
+    kill: threading.Event = field(default_factory=threading.Event)
+    types: tuple[str, ...] = ()  # Ray accelerator types this trial may use; () = any GPU node
+    family: str | None = None
+    started_on: str | None = None  # node id once the current attempt runs
+    lost_nodes: list[str] = field(default_factory=list)
+
+
+class RayExecutor(Executor):
+    """Runs trials as Ray tasks on a cluster's GPUs of one hardware family.
+
+    ``address``: "auto", "ray://host:10001" or a GCS address; None joins the cluster this process is
+    already connected to (or ``RAY_ADDRESS``, or starts a local one). ``hardware``: a family
+    ("mi300x", "h100") or "auto" for any GPU node. ``runtime_env`` is applied to every trial task (the
+    workers must run the project's Python; vLLM's own venv is the runner's ``vllm_python``, never Ray's).
+    """
+
+    def __init__(
+        self,
+        recipe: EvaluatorRecipe,
+        *,
+        address: str | None = None,
+        hardware: str,
+        runtime_env: Mapping[str, Any] | None = None,
+        num_cpus_per_trial: float = 1.0,
+        hang_grace_s: float = 10.0,
+        cancel_grace_s: float = 30.0,
+        cleanup_timeout_s: float = 60.0,
+        poll_s: float = 0.2,
+    ) -> None:
+        self.recipe = recipe
+        self.hardware = hardware
+        self.family = None if hardware == "auto" else canonical_family(hardware)
+        self.accelerator_types = () if self.family is None else ray_accelerator_types(self.family)
+        if self.family is not None and not self.accelerator_types:
+            raise HardwareMismatch(f"no Ray accelerator type known for hardware {hardware!r}")
+        self.runtime_env = dict(runtime_env) if runtime_env else None
+        self.num_cpus_per_trial = num_cpus_per_trial
+        self.hang_grace_s = hang_grace_s
+        self.cancel_grace_s = cancel_grace_s
+        self.cleanup_timeout_s = cleanup_timeout_s
+        self.poll_s = poll_s
+        self._owns_ray = False
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False)
+            self._owns_ray = True
+        here = ray.get_runtime_context().get_node_id()
+        self._registry = _Registry.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+        self._lock = threading.Lock()
+        self._trials: dict[str, _Trial] = {}
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._ids = itertools.count()
+        self.history: list[AttemptRecord] = []
+
+    # -- cluster view ------------------------------------------------------------------------------
+    @staticmethod
+    def _matches(node: NodeView, types: tuple[str, ...]) -> bool:
+        if node.gpus_total <= 0:
+            return False
+        if not types:
+            return True
+        names = {*node.accelerator_types, *([node.label_type] if node.label_type else [])}
+        return bool(names & set(types))
+
+    def matching_nodes(self, types: tuple[str, ...] | None = None) -> list[NodeView]:
+        """Alive GPU nodes of this executor's hardware (or of ``types``)."""
+        wanted = self.accelerator_types if types is None else types
+        return [n for n in cluster_nodes() if self._matches(n, wanted)]
+
+    def free_slots(self, tensor_parallel_size: int = 1) -> int:
+        if self._closed:
+            return 0
+        tp = max(1, int(tensor_parallel_size))
+        with self._lock:
+            trials = list(self._trials.values())
+        mine: dict[str, int] = {}
+        pending = 0
+        for t in trials:
+            if t.started_on is None:
+                pending += t.tp
+            else:
+                mine[t.started_on] = mine.get(t.started_on, 0) + t.tp
+        slots = 0
+        for node in self.matching_nodes():
+            # Ray's view lags a started task by up to a heartbeat: trust our own books where they say less.
+            free = min(node.gpus_free, node.gpus_total - mine.get(node.node_id, 0))
+            slots += int(free // tp)
+        return max(0, slots - math.ceil(pending / tp))
+
+    # -- contract ----------------------------------------------------------------------------------
+    def submit(self, spec: TrialSpec, ctx: TrialContext) -> concurrent.futures.Future[TrialResult]:
+        if self._closed:
+            raise ExecutorClosed("executor is closed")
+        if self.family is not None and not hardware_matches(spec.hardware, self.family):
+            raise HardwareMismatch(f"trial for {spec.hardware!r} submitted to a {self.hardware} executor")
+        # An "auto" executor routes each trial by its own hardware.
+        family = self.family or (None if spec.hardware in ("", "auto") else canonical_family(spec.hardware))
+        types = ray_accelerator_types(family) if family else ()
+        if family and not types:
+            raise HardwareMismatch(f"no Ray accelerator type known for hardware {spec.hardware!r}")
+        tp = spec.serving.tensor_parallel_size
+        if not any(n.gpus_total >= tp for n in self.matching_nodes(types)):
+            return resolved(
+                failed_result(
+                    spec,
+                    self.recipe.engine,
+                    FailureClass.INFRA,
+                    f"no alive Ray node of hardware {self.hardware!r} with {tp} GPUs",
+                    hardware=self.family,
+                )
+            )
+        trial = _Trial(
+            f"ray-{os.getpid()}-{next(self._ids)}",
+            spec,
+            ctx,
+            tp,
+            concurrent.futures.Future(),
+            types=types,
+            family=family,
+        )
+        trial.future.set_running_or_notify_cancel()
+        with self._lock:
+            self._trials[trial.key] = trial
+        thread = threading.Thread(target=self._drive, args=(trial,), name=f"trial-{trial.key}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return trial.future
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            trials = list(self._trials.values())
+        for trial in trials:
+            trial.kill.set()
+        for thread in self._threads:
+            thread.join(timeout=self.cancel_grace_s + self.cleanup_timeout_s + 30)
+        try:
+            ray.kill(self._registry)
+        except Exception:
+            pass
+        if self._owns_ray:
+            ray.shutdown()
+
+    # -- one trial ---------------------------------------------------------------------------------
+    def _drive(self, trial: _Trial) -> None:
+        try:
+            for attempt in (0, 1):
+                outcome, value, info = self._attempt(trial, attempt)
+                node = (info or {}).get("node_id")
+                pgids = tuple((info or {}).get("pgids", ()))
+                if outcome == "lost" or outcome in ("timeout", "cancelled"):
+                    self._cleanup(node, pgids)
+                self._record(trial, attempt, outcome, node, str(value)[:500] if outcome != "result" else "", pgids)
+                if outcome == "lost" and attempt == 0 and not trial.kill.is_set():
+                    log.warning("trial %s lost on node %s (%s): retrying once", trial.key, node, value)
+                    if node:
+                        trial.lost_nodes.append(node)
+                    continue
+                self._resolve(trial, self._result_of(trial, outcome, value, info))
+                return
+        except BaseException as exc:
+            log.exception("trial %s: executor error", trial.key)
+            self._resolve(trial, failed_result(trial.spec, self.recipe.engine, FailureClass.INTERNAL, repr(exc)))
+
+    def _result_of(self, trial: _Trial, outcome: str, value: Any, info: dict[str, Any] | None) -> TrialResult:
+        where = f"{info['host']}/{info['node_id'][:12]}" if info and info.get("node_id") else None
+        family = self._family_of(info.get("node_id") if info else None, trial.family)
+        engine = self.recipe.engine
+        if outcome == "result":
+            return with_origin(value, where, family)
+        if outcome == "timeout":
+            return failed_result(
+                trial.spec,
+                engine,
+                FailureClass.TIMEOUT,
+                f"trial exceeded its deadline of {trial.spec.deadline_s:g} s and was killed",
+                worker=where,
+                hardware=family,
+            )
+        if outcome == "cancelled":
+            return failed_result(
+                trial.spec,
+                engine,
+                FailureClass.CANCELLED,
+                "cancelled",
+                status=TrialStatus.CANCELLED,
+                worker=where,
+                hardware=family,
+            )
+        if outcome == "lost":
+            return failed_result(
+                trial.spec,
+                engine,
+                FailureClass.INFRA,
+                f"Ray worker or node lost twice (attempts on {trial.lost_nodes or 'unknown nodes'}): {value}",
+                worker=where,
+                hardware=family,
+            )
+        return failed_result(
+            trial.spec, engine, FailureClass.INTERNAL, f"evaluator raised: {value}", worker=where, hardware=family
+        )
+
+    @staticmethod
+    def _family_of(node_id: str | None, default: str | None) -> str | None:
+        if node_id is None:
+            return default
+        for node in cluster_nodes():
+            if node.node_id == node_id:
+                return node.family or default
+        return default
+
+    def _placement(self, trial: _Trial) -> dict[str, Any]:
+        """Task options that put this attempt on a node of the hardware, away from nodes that lost it."""
+        nodes = [n for n in self.matching_nodes(trial.types) if n.gpus_total >= trial.tp]
+        fresh = [n for n in nodes if n.node_id not in trial.lost_nodes]
+        opts: dict[str, Any] = {}
+        label_selector: dict[str, str] = {}
+        if fresh and trial.lost_nodes:
+            # One excluded node fits a selector value (63 characters); a second loss ends the trial anyway.
+            label_selector[NODE_ID_LABEL] = f"!{trial.lost_nodes[-1]}"
+            nodes = fresh
+        if trial.types and nodes:
+            best = max(nodes, key=lambda n: (n.gpus_free, n.gpus_total))
+            wanted = [t for t in best.accelerator_types if t in trial.types]
+            if wanted:
+                opts["resources"] = {f"{ACCELERATOR_RESOURCE}{wanted[0]}": 0.001}
+            elif best.label_type:
+                label_selector[ACCELERATOR_LABEL] = best.label_type
+        if label_selector:
+            opts["label_selector"] = label_selector
+        return opts
+
+    def _attempt(self, trial: _Trial, attempt: int) -> tuple[str, Any, dict[str, Any] | None]:
+        key = f"{trial.key}-a{attempt}"
+        trial.started_on = None
+        options: dict[str, Any] = {
+            "num_gpus": trial.tp,
+            "num_cpus": self.num_cpus_per_trial,
+            "max_retries": 0,
+            "name": f"trial-{trial.spec.job_id}-{trial.spec.number}-a{attempt}",
+            **self._placement(trial),
+        }
+        if self.runtime_env:
+            options["runtime_env"] = self.runtime_env
+        ref = _remote_trial.options(**options).remote(self.recipe, trial.spec, key, self._registry, trial.ctx.log_dir)
+        started_at: float | None = None
+        cancel_at: float | None = None
+        forced: str | None = None
+        info: dict[str, Any] | None = None
+        deadline_s = trial.spec.deadline_s
+        next_info = 0.0
+        while True:
+            ready, _ = ray.wait([ref], timeout=self.poll_s)
+            now = time.monotonic()
+            if ready or (started_at is None and now >= next_info) or forced:
+                info = self._info(key) or info
+                next_info = now + 1.0
+                if info and info.get("node_id") and started_at is None:
+                    started_at = now
+                    trial.started_on = info["node_id"]
+            if ready:
+                try:
+                    return "result", ray.get(ref), info
+                except rex.TaskCancelledError as exc:
+                    return forced or "cancelled", exc, info
+                except rex.RayTaskError as exc:  # the evaluator itself raised
+                    if forced:
+                        return forced, exc, info
+                    return "error", exc, info
+                except LOST as exc:
+                    if forced:
+                        return forced, exc, info
+                    return "lost", exc, info
+                except rex.RayError as exc:
+                    return (forced or "lost"), exc, info
+            if forced:
+                continue  # waiting for Ray to report the cancelled task
+            if cancel_at is None and (trial.kill.is_set() or _safe(trial.ctx.is_cancelled)):
+                cancel_at = now
+                self._registry.cancel.remote(key)
+                if started_at is None:
+                    forced = "cancelled"
+                    ray.cancel(ref, force=False)
+                    continue
+            grace = 0.0 if self._closed else self.cancel_grace_s
+            if cancel_at is not None and now - cancel_at >= grace:
+                forced = "cancelled"
+                ray.cancel(ref, force=True)
+                continue
+            if started_at is not None and deadline_s and now - started_at >= deadline_s + self.hang_grace_s:
+                forced = "timeout"
+                ray.cancel(ref, force=True)
+
+    def _info(self, key: str) -> dict[str, Any] | None:
+        try:
+            return ray.get(self._registry.info.remote(key), timeout=30)
+        except Exception:
+            return None
+
+    def _cleanup(self, node_id: str | None, pgids: tuple[int, ...]) -> None:
+        """Kill the process groups a lost or killed task left, with a task pinned to its node."""
+        if not node_id or not pgids:
+            return
+        if not any(n.node_id == node_id for n in cluster_nodes()):
+            log.warning("node %s is gone; its process groups %s went with it", node_id, pgids)
+            return
+        options: dict[str, Any] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+        if self.runtime_env:
+            options["runtime_env"] = self.runtime_env
+        ref = _remote_cleanup.options(**options).remote(list(pgids))
+        try:
+            killed = ray.get(ref, timeout=self.cleanup_timeout_s)
+            if not all(killed.values()):
+                log.warning("process groups still alive on node %s: %s", node_id, killed)
+        except Exception as exc:
+            log.warning("cleanup on node %s failed: %r", node_id, exc)
+
+    def _record(
+        self, trial: _Trial, attempt: int, outcome: str, node: str | None, detail: str, pgids: tuple[int, ...]
+    ) -> None:
+        with self._lock:
+            self.history.append(AttemptRecord(trial.key, attempt, outcome, node, detail, pgids))
+
+    def _resolve(self, trial: _Trial, result: TrialResult) -> None:
+        with self._lock:
+            self._trials.pop(trial.key, None)
+        for attempt in (0, 1):
+            try:
+                self._registry.forget.remote(f"{trial.key}-a{attempt}")
+            except Exception:
+                pass
+        if not trial.future.done():
+            trial.future.set_result(result)
+
+
+def _safe(fn: Any) -> bool:
+    try:
+        return bool(fn())
+    except Exception:
+        log.exception("callback failed")
+        return False

@@ -1,0 +1,156 @@
+"""Evaluators for testing executors: real child process groups, controllable length, hangs.
+
+They live in the package (as ``optuna.testing`` does) so Ray workers can import them by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tuner.domain import (
+    Engine,
+    Failure,
+    FailureClass,
+    LevelResult,
+    LoadLevel,
+    ModelRef,
+    ServingConfig,
+    SpecConfig,
+    TrafficFormat,
+    TrafficRequest,
+    TrialContext,
+    TrialResult,
+    TrialSpec,
+    TrialStatus,
+)
+
+
+class SleepEvaluator:
+    """Starts ``sleep`` in a new session (standing in for vLLM's process group), reports its pgid, waits
+    ``duration_s`` (or forever with ``hang=True``), stops the group and returns a simulated result.
+
+    With ``record_dir`` set it writes ``<record_dir>/start-<pid>-<n>.json`` when it starts (pid, pgid,
+    gpu ids and visibility variables) and ``done-...json`` when it returns, so tests can find the
+    worker to kill and count results.
+    """
+
+    engine = Engine.SIMULATED
+
+    def __init__(self, duration_s: float = 0.5, hang: bool = False, record_dir: str | None = None):
+        self.duration_s = duration_s
+        self.hang = hang
+        self.record_dir = record_dir
+
+    def _record(self, kind: str, spec: TrialSpec, data: dict) -> None:
+        if not self.record_dir:
+            return
+        path = Path(self.record_dir) / f"{kind}-{os.getpid()}-{spec.number}-{time.monotonic_ns()}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.rename(path)
+
+    def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
+        ctx = ctx or TrialContext()
+        t0 = time.monotonic()
+        proc = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+        ctx.on_process_started(proc.pid)
+        visible = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}
+        self._record(
+            "start",
+            spec,
+            {
+                "pid": os.getpid(),
+                "pgid": proc.pid,
+                "number": spec.number,
+                "gpu_ids": spec.gpu_ids,
+                "visible": visible,
+                "t": time.time(),
+            },
+        )
+        try:
+            deadline = float("inf") if self.hang else t0 + self.duration_s
+            while time.monotonic() < deadline:
+                if ctx.is_cancelled() and not self.hang:
+                    return TrialResult(
+                        status=TrialStatus.CANCELLED,
+                        engine=Engine.SIMULATED,
+                        spec=spec.spec,
+                        failure=Failure(FailureClass.CANCELLED, "cancelled"),
+                        pgid=proc.pid,
+                    )
+                time.sleep(0.02)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        self._record("done", spec, {"pid": os.getpid(), "pgid": proc.pid, "number": spec.number, "t": time.time()})
+        return TrialResult(
+            status=TrialStatus.SUCCEEDED,
+            engine=Engine.SIMULATED,
+            spec=spec.spec,
+            levels=tuple(LevelResult(level=lv, num_requests=1, output_throughput=1.0) for lv in spec.levels),
+            pgid=proc.pid,
+            wall_s=time.monotonic() - t0,
+        )
+
+
+class FailingEvaluator:
+    """Raises: an evaluator bug, which the executor must turn into an INTERNAL failure."""
+
+    engine = Engine.SIMULATED
+
+    def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
+        raise RuntimeError("evaluator bug")
+
+
+def read_records(record_dir: str | os.PathLike[str], kind: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(Path(record_dir).glob(f"{kind}-*.json"))]
+
+
+def make_spec(
+    number: int = 0,
+    *,
+    tp: int = 1,
+    hardware: str = "auto",
+    deadline_s: float | None = None,
+    job_id: str = "job-test",
+) -> TrialSpec:
+    """A minimal trial spec for executor tests."""
+    return TrialSpec(
+        model=ModelRef("tiny"),
+        spec=SpecConfig(),
+        levels=(LoadLevel(value=1, num_requests=1),),
+        requests=(TrafficRequest(format=TrafficFormat.COMPLETIONS, prompt="hi", output_tokens=4),),
+        serving=ServingConfig(args={"tensor_parallel_size": tp}),
+        hardware=hardware,
+        job_id=job_id,
+        number=number,
+        deadline_s=deadline_s,
+    )
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, poll: float = 0.05) -> object:
+    """Poll ``predicate`` until it returns something truthy; AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(poll)
+
+
+def group_gone(pgid: int) -> bool:
+    """True when process group ``pgid`` has no live member."""
+    from tuner.workers.executors._procs import group_alive
+
+    return not group_alive(pgid)
