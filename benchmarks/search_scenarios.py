@@ -50,7 +50,7 @@ class Scenario:
 
 def _sim_truth(model: ModelProfile, workload: WorkloadProfile, levels: tuple[LoadLevel, ...]):
     engine = SimulatedEngine(model, workload, noise=0.0, seed=0)
-    base_spec = TrialSpec(model=ModelRef(model.name), spec=SpecConfig(), levels=levels, requests=())
+    base_spec = TrialSpec(model=ModelRef(model.name), spec=SpecConfig(), levels=levels, requests=REQUESTS)
     base = engine(base_spec)
     cache: dict[str, dict[str, float] | None] = {}
 

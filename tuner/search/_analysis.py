@@ -117,9 +117,11 @@ class ArmModel:
     rate: float  # P(a request-step proposes): 1 for fixed-length drafters
     per_proposal: float  # draft tokens per proposal at the deepest depth
     fixed: bool
+    block: bool  # DFlash / DSpark: one draft pass per step
     unbiased: bool  # per-position rates are true per step (fixed length, or decode steps known)
     ttft: dict[str, float]
     prefill: dict[str, float]  # GPU ms of prefill per request with this drafter (it prefills too)
+    measured: dict[int, dict[str, float]]  # depth -> measured per-level speedups of this arm
 
 
 class Analysis:
@@ -355,9 +357,13 @@ class Analysis:
         costs = [c for c in (fit(points, kind=kind, prefer="d"), fit(points, kind=kind, prefer="u")) if c]
         return ArmModel(
             curve=curve, costs=costs, depth=depth, rate=rate, per_proposal=per_proposal, fixed=fixed,
-            unbiased=fixed or use_steps,
+            unbiased=fixed or use_steps, block=kind == BLOCK,
             ttft={label: statistics.fmean(v) for label, v in ttft.items()},
             prefill={label: statistics.fmean(v) for label, v in prefill.items()},
+            measured={
+                st.spec.num_speculative_tokens: st.per_level() for st in self.stats.values()
+                if any(n in numbers for n in st.numbers)
+            },
         )
 
     def _per_level(self, arm: ArmModel, k: int, tau: float, cost: StepCost) -> dict[str, float]:
@@ -374,11 +380,28 @@ class Analysis:
             )
         return out
 
+    def _anchored(self, arm: ArmModel, k: int, tau: float, cost: StepCost) -> dict[str, float]:
+        """The model's prediction scaled, level by level, by measured / modelled at the nearest measured depth:
+        the model only has to get the change with depth right, not the absolute level."""
+        model = self._per_level(arm, k, tau, cost)
+        if not arm.measured:
+            return model
+        d = min(arm.measured, key=lambda x: (abs(x - k), -x))
+        if d == k:
+            return dict(arm.measured[d])
+        at_d = self._per_level(arm, d, arm.curve.tau(d), cost)
+        return {
+            label: model[label] * arm.measured[d][label] / at_d[label] if label in arm.measured[d] and at_d[label] > 0
+            else model[label]
+            for label in self.labels
+        }
+
     def predict(self, opt: MethodOptions, spec: SpecConfig) -> tuple[dict[str, float] | None, float]:
         """Per-level predicted speedups and an optimistic objective; (None, inf) when the arm is unmeasured.
 
-        Fixed-length arms: tau from the measured acceptance curve, one point prediction, optimism = noise / 2
-        (three times that beyond the measured depth). Lookup arms only bound: beyond the measured depth
+        Fixed-length arms: tau from the measured acceptance curve, one point prediction anchored on the nearest
+        measured depth; optimism = noise / 2 (2 x noise for block drafters), 3 x noise beyond the deepest
+        measured depth. Lookup arms only bound: beyond the measured depth
         every further position is assumed accepted whenever the last measured one was, and when one depth
         cannot separate the two cost terms both attributions are tried and the better one kept.
         """
@@ -392,13 +415,13 @@ class Analysis:
         n = self.noise
         own_window = lookup is None or self._arm_model(opt, lookup) is not None
         if arm.fixed:
-            tau = arm.curve.tau(k)
-            per_level = self._per_level(arm, k, tau, arm.costs[0])
-            margin = n / 2 if k <= arm.depth else 3 * n
+            per_level = self._anchored(arm, k, arm.curve.tau(k), arm.costs[0])
+            # block drafters draft in one pass: their cost splits less cleanly between draft and verify
+            margin = (2 * n if arm.block else n / 2) if k <= arm.depth else 3 * n
             return per_level, combine(per_level, self.weights) * (1 + margin)
         depth = arm.depth
         tau = arm.curve.tau(min(k, depth)) + max(0, k - depth) * arm.curve.survival(depth)
-        options = [self._per_level(arm, k, tau, cost) for cost in arm.costs]
+        options = [self._anchored(arm, k, tau, cost) for cost in arm.costs]
         values = [combine(p, self.weights) for p in options]
         if not own_window:
             margin = 3 * n  # another lookup window changes the match rate: a wide bound
