@@ -469,7 +469,11 @@ class RayExecutor(Executor):
             if cancel_at is None and (trial.kill.is_set() or _safe(trial.ctx.is_cancelled)):
                 cancel_at = now
                 self._registry.cancel.remote(key)
-                if started_at is None:
+                info = self._info(key) or info
+                if started_at is None and info and info.get("node_id"):
+                    started_at = now
+                    trial.started_on = info["node_id"]
+                if started_at is None:  # still queued: withdraw it
                     forced = "cancelled"
                     ray.cancel(ref, force=False)
                     continue
