@@ -152,7 +152,9 @@ class LocalExecutor(Executor):
                 self._finish(trial, self._cancelled(trial, "cancelled before it started"), None, "cancelled")
                 return
             with group:
-                self._execute(trial, group)
+                finished = self._execute(trial, group)
+            if finished is not None:  # resolved once the GPUs are free again, so free_slots agrees
+                self._finish(trial, *finished)
         except BaseException as exc:  # never leave a future unresolved
             log.exception("trial %s: executor error", trial.key)
             if not trial.future.done():
@@ -174,7 +176,8 @@ class LocalExecutor(Executor):
                     self._running[trial.key] = trial
                 return group
 
-    def _execute(self, trial: _Trial, group: LeasedGroup) -> None:
+    def _execute(self, trial: _Trial, group: LeasedGroup) -> tuple[TrialResult, str, str] | None:
+        """Run the evaluator; return (result, where, outcome) to resolve, or None if resolved already."""
         spec = trial.spec if self.cpu_only else dataclasses.replace(trial.spec, gpu_ids=group.gpus)
         done = threading.Event()
         box: dict[str, object] = {}
@@ -221,12 +224,13 @@ class LocalExecutor(Executor):
                 result = failed_result(
                     trial.spec, self.engine, FailureClass.INTERNAL, f"evaluator raised {exc!r}", wall_s=wall
                 )
-                self._finish(trial, with_origin(result, where, self.family), where, "error")
-            else:
-                result = box["result"]
-                assert isinstance(result, TrialResult)
-                self._finish(trial, with_origin(result, where, self.family), where, "result")
-            return
+                return with_origin(result, where, self.family), where, "error"
+            result = box["result"]
+            if not isinstance(result, TrialResult):
+                result = failed_result(
+                    trial.spec, self.engine, FailureClass.INTERNAL, f"evaluator returned {type(result).__name__}"
+                )
+            return with_origin(result, where, self.family), where, "result"
         # Hung or ignoring cancellation: kill what it started, resolve now, keep the GPUs until it returns.
         for pgid in trial.pgids:
             kill_group(pgid)
@@ -247,6 +251,7 @@ class LocalExecutor(Executor):
         if not done.wait(self.hang_grace_s + 30):
             log.warning("trial %s: evaluator still running after its processes were killed", trial.key)
         done.wait()
+        return None
 
     def _cancelled(self, trial: _Trial, reason: str) -> TrialResult:
         return failed_result(

@@ -33,7 +33,8 @@ from tuner.domain import (
 
 class SleepEvaluator:
     """Starts ``sleep`` in a new session (standing in for vLLM's process group), reports its pgid, waits
-    ``duration_s`` (or forever with ``hang=True``), stops the group and returns a simulated result.
+    ``duration_s`` (or, with ``hang=True``, until its process is killed from outside, ignoring
+    cancellation), stops the group and returns a simulated result.
 
     With ``record_dir`` set it writes ``<record_dir>/start-<pid>-<n>.json`` when it starts (pid, pgid,
     gpu ids and visibility variables) and ``done-...json`` when it returns, so tests can find the
@@ -76,6 +77,14 @@ class SleepEvaluator:
         try:
             deadline = float("inf") if self.hang else t0 + self.duration_s
             while time.monotonic() < deadline:
+                if proc.poll() is not None:  # its "server" was killed from outside, as a runner would see
+                    return TrialResult(
+                        status=TrialStatus.FAILED,
+                        engine=Engine.SIMULATED,
+                        spec=spec.spec,
+                        failure=Failure(FailureClass.CRASH, f"process group exited ({proc.returncode})"),
+                        pgid=proc.pid,
+                    )
                 if ctx.is_cancelled() and not self.hang:
                     return TrialResult(
                         status=TrialStatus.CANCELLED,
