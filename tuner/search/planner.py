@@ -60,10 +60,10 @@ from tuner.search._analysis import (
     MAX_SEARCH_REPEATS,
     RETRYABLE,
     Analysis,
-    Candidate,
     Record,
 )
 from tuner.search._outcome import build_outcome
+from tuner.search._predict import Candidate
 from tuner.search._space import SearchSpace
 from tuner.search.objective import constraints, log_value, weights_for
 
