@@ -144,7 +144,8 @@ def test_off_when_nothing_beats_the_baseline():
     out = planner.outcome()
     assert out.best.is_off and out.schedule is None
     assert any(n.startswith("off") for n in out.notes)
-    assert not [p for p, _ in history if p.purpose == "confirm"]
+    # whatever was confirmed (here a schedule predicted slightly above noise) was not recommended
+    assert all(p.spec.is_off or p.spec.schedule is not None for p, _ in history if p.purpose == "confirm")
 
 
 def test_slo_violations_are_infeasible():
