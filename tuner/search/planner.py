@@ -82,6 +82,12 @@ class OptunaPlanner:
     ``ask()`` returns the next proposal, or None when there is nothing to run *right now*: with no trial
     pending that means the job is done (``finished`` is then True); with trials pending, call again after
     the next ``tell``. ``ask_batch(n)`` returns up to n proposals for parallel runners.
+
+    ``budget.max_trials`` counts launched search trials, the baseline included; confirmation runs, refused
+    (``unsupported_config``) and infrastructure failures do not count. ``budget.max_wall_s`` (from the
+    study's creation) stops the search; the confirmations still run. ``noise`` (relative, e.g. 0.03) fixes
+    the noise the stopping rule uses; None estimates it from repeated measurements (3% until there are
+    any). ``max_num_seqs`` ends the schedule's last range (1024 when None).
     """
 
     def __init__(
