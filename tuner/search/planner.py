@@ -55,6 +55,7 @@ from tuner.domain import (
     from_jsonable,
     to_jsonable,
 )
+from tuner.search import _confirm
 from tuner.search._analysis import (
     MAX_RETRIES,
     MAX_SEARCH_REPEATS,
@@ -462,55 +463,21 @@ class OptunaPlanner:
                 return st.spec
         return None
 
-    def _targets(self, a: Analysis) -> list[tuple[str, SpecConfig]]:
-        """What confirmation re-measures: the baseline, the winner and the schedule, when worth it."""
-        if self.confirm_runs <= 0 or not a.has_baseline:
-            return []
-        out: list[tuple[str, SpecConfig]] = []
-        win = a.winner()
-        if win is not None and not win.spec.is_off and a.speedup(win) > 1 + a.noise:
-            out.append(("winner", win.spec))
-        sched, value, _, _ = a.schedule()
-        if sched is not None and value > 1 + a.noise and (win is None or sched.key() != win.spec.key()):
-            out.append(("schedule", sched))
-        return [("baseline", SpecConfig()), *out] if out else []
-
-    def _confirm_counts(self, records: list[Record]) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for r in records:
-            if r.purpose != "confirm" or r.spec is None:
-                continue
-            ok = r.pending or (r.result is not None and r.result.status is TrialStatus.SUCCEEDED)
-            if ok:
-                counts[r.spec.key()] = counts.get(r.spec.key(), 0) + 1
-        return counts
-
     def _next_confirm(self, a: Analysis, records: list[Record]) -> Proposal | None:
-        targets = [(role, spec) for role, spec in self._targets(a) if spec.key() not in a.failed_configs]
-        if not targets:
-            return None
-        counts = self._confirm_counts(records)
-        confirm_total = sum(1 for r in records if r.purpose == "confirm")
-        if confirm_total >= 4 * self.confirm_runs * 3:
-            return None
-        todo = [(counts.get(s.key(), 0), i, role, s) for i, (role, s) in enumerate(targets)
-                if counts.get(s.key(), 0) < self.confirm_runs]
+        todo = _confirm.missing(a, records, self.confirm_runs)
         if not todo:
             return None
-        _, _, role, spec = min(todo)
+        role, spec = todo[0]
         return self._propose(spec, "confirm", role=role)
 
     def _peek_done(self, records: list[Record]) -> bool:
         if "search_finished" not in self.study.user_attrs:
             return False
-        a = self._analysis(records)
-        targets = [s for _, s in self._targets(a) if s.key() not in a.failed_configs]
-        counts = self._confirm_counts(records)
-        return all(counts.get(s.key(), 0) >= self.confirm_runs for s in targets)
+        return not _confirm.missing(self._analysis(records), records, self.confirm_runs)
 
-    # used by _outcome
     def confirm_targets(self, a: Analysis) -> list[tuple[str, SpecConfig]]:
-        return self._targets(a)
+        """The baseline, the winner and the schedule re-measured on fresh servers (used by the outcome)."""
+        return _confirm.targets(a, self.confirm_runs)
 
     def engine(self, records: list[Record] | None = None) -> Engine:
         """The engine the results so far came from (simulated until one says otherwise)."""
