@@ -17,9 +17,10 @@ MI300X_HF = "AMD-Instinct-MI300X-HF"
 class RayCluster:
     """Handles on the nodes of the test cluster, by role."""
 
-    def __init__(self, cluster, nodes: dict[str, object]):
+    def __init__(self, cluster, nodes: dict[str, object], node_args: dict[str, object]):
         self.cluster = cluster
         self.nodes = nodes
+        self.node_args = node_args  # what every node of the cluster is started with
 
     def node_id(self, role: str) -> str:
         return self.nodes[role].node_id  # type: ignore[attr-defined]
@@ -65,7 +66,7 @@ def ray_cluster() -> Iterator[RayCluster]:
         }
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, _node_ip_address="127.0.0.1")
-        yield RayCluster(cluster, nodes)
+        yield RayCluster(cluster, nodes, common)
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -199,3 +199,35 @@ def test_node_types_and_labels_are_read(ray_cluster):
     hf = by_id[ray_cluster.node_id("mi300x-hf")]
     assert oam.accelerator_types == (MI300X_OAM,) and oam.gpus_total == 2 and oam.family == "mi300x"
     assert hf.accelerator_types == (MI300X_HF,) and hf.family == "mi300x"
+
+
+def test_node_lost_mid_trial_is_retried_on_another_node(ray_cluster, tmp_path):
+    """Two temporary MI325X nodes: the trial starts on the first, which then dies; the retry runs on the
+    second. (The lost node's processes cannot be reached through Ray; on a real node they die with it,
+    here the test kills the orphaned stand-in itself.)"""
+    cluster = ray_cluster.cluster
+    first = cluster.add_node(num_cpus=2, num_gpus=1, resources={"accelerator_type:AMD-Instinct-MI325X-OAM": 1},
+                             **ray_cluster.node_args)
+    second = None
+    ex = RayExecutor(sleep_recipe(tmp_path, duration_s=3.0), hardware="mi325x")
+    orphan = None
+    try:
+        wait_for(lambda: ex.free_slots(1) == 1, 30, "the first MI325X node to join")
+        future = ex.submit(make_spec(12, hardware="mi325x"), TrialContext())
+        (start,) = wait_for(lambda: read_records(tmp_path, "start"), 60, "the trial to start")
+        orphan = start["pgid"]
+        second = cluster.add_node(num_cpus=2, num_gpus=1,
+                                  resources={"accelerator_type:AMD-Instinct-MI325X-OAM": 1}, **ray_cluster.node_args)
+        cluster.remove_node(first, allow_graceful=False)
+        result = future.result(timeout=120)
+        assert result.status is TrialStatus.SUCCEEDED
+        assert result.worker.endswith(second.node_id[:12])
+        assert [(h.attempt, h.outcome) for h in ex.history] == [(0, "lost"), (1, "result")]
+        assert ex.history[0].where == first.node_id
+        assert len(read_records(tmp_path, "done")) == 1
+    finally:
+        ex.close()
+        if orphan is not None and not group_gone(orphan):
+            os.killpg(orphan, signal.SIGKILL)
+        if second is not None:
+            cluster.remove_node(second)
