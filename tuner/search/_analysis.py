@@ -67,6 +67,8 @@ class Record:
             return False
         if self.result is None:
             return self.pending
+        if self.result.status is TrialStatus.SKIPPED:
+            return False
         f = self.result.failure
         return not (f is not None and (f.cls is FailureClass.UNSUPPORTED or f.cls in RETRYABLE))
 
