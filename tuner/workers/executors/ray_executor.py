@@ -383,7 +383,7 @@ class RayExecutor(Executor):
                 trial.spec,
                 engine,
                 FailureClass.INFRA,
-                f"Ray worker or node lost twice (attempts on {trial.lost_nodes or 'unknown nodes'}): {value}",
+                f"Ray worker or node lost (attempts on nodes {trial.lost_nodes or 'unknown'}): {value}",
                 worker=where,
                 hardware=family,
             )
