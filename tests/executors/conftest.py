@@ -47,21 +47,34 @@ def ray_cluster() -> Iterator[RayCluster]:
     saved_flag = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False  # read at import; the env var above covers the raylets
     os.makedirs(os.path.join(tmp, "ray"))
-    common = {"temp_dir": os.path.join(tmp, "ray"), "include_dashboard": False, "node_ip_address": "127.0.0.1",
-              "object_store_memory": 80 * 1024 * 1024}
+    common = {
+        "temp_dir": os.path.join(tmp, "ray"),
+        "include_dashboard": False,
+        "node_ip_address": "127.0.0.1",
+        "object_store_memory": 80 * 1024 * 1024,
+    }
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 0, **common})
     try:
         nodes = {
             "mi300x-oam": cluster.add_node(
-                num_cpus=4, num_gpus=2, resources={f"accelerator_type:{MI300X_OAM}": 1},
-                labels={"ray.io/accelerator-type": MI300X_OAM}, **common,
+                num_cpus=4,
+                num_gpus=2,
+                resources={f"accelerator_type:{MI300X_OAM}": 1},
+                labels={"ray.io/accelerator-type": MI300X_OAM},
+                **common,
             ),
             "mi300x-hf": cluster.add_node(
-                num_cpus=2, num_gpus=1, resources={f"accelerator_type:{MI300X_HF}": 1}, **common,
+                num_cpus=2,
+                num_gpus=1,
+                resources={f"accelerator_type:{MI300X_HF}": 1},
+                **common,
             ),
             "h100": cluster.add_node(
-                num_cpus=2, num_gpus=1, resources={"accelerator_type:H100": 1},
-                labels={"ray.io/accelerator-type": "H100"}, **common,
+                num_cpus=2,
+                num_gpus=1,
+                resources={"accelerator_type:H100": 1},
+                labels={"ray.io/accelerator-type": "H100"},
+                **common,
             ),
         }
         cluster.wait_for_nodes()

@@ -22,8 +22,12 @@ from tuner.workers.gpu_lease import GpuLease
 def test_trials_get_disjoint_groups_and_parallelism_is_bounded(tmp_path):
     rec = tmp_path / "rec"
     rec.mkdir()
-    ex = LocalExecutor(lambda: SleepEvaluator(0.4, record_dir=str(rec)), gpus=[0, 1, 2, 3],
-                       lease_dir=tmp_path / "lease", family="mi300x")
+    ex = LocalExecutor(
+        lambda: SleepEvaluator(0.4, record_dir=str(rec)),
+        gpus=[0, 1, 2, 3],
+        lease_dir=tmp_path / "lease",
+        family="mi300x",
+    )
     try:
         assert ex.free_slots(1) == 4 and ex.free_slots(2) == 2 and ex.free_slots(8) == 0
         futures = [ex.submit(make_spec(i, tp=2), TrialContext()) for i in range(5)]
@@ -73,8 +77,13 @@ def test_two_executors_share_the_lease(tmp_path):
 def test_hang_killed_at_deadline_and_gpus_kept_until_it_returns(tmp_path):
     rec = tmp_path / "rec"
     rec.mkdir()
-    ex = LocalExecutor(SleepEvaluator(hang=True, record_dir=str(rec)), gpus=[0], lease_dir=tmp_path / "l",
-                       family="mi300x", hang_grace_s=0.2)
+    ex = LocalExecutor(
+        SleepEvaluator(hang=True, record_dir=str(rec)),
+        gpus=[0],
+        lease_dir=tmp_path / "l",
+        family="mi300x",
+        hang_grace_s=0.2,
+    )
     try:
         result = ex.submit(make_spec(0, deadline_s=0.5), TrialContext()).result(timeout=30)
         assert result.status is TrialStatus.FAILED and result.failure.cls is FailureClass.TIMEOUT

@@ -134,8 +134,11 @@ def test_lost_twice_is_an_infrastructure_failure(ray_cluster, tmp_path):
         future = ex.submit(make_spec(8, hardware="mi300x"), TrialContext())
         killed: set[int] = set()
         for n in (1, 2):
-            starts = wait_for(lambda n=n: len(read_records(tmp_path, "start")) >= n and read_records(tmp_path, "start"),
-                              60, f"attempt {n} to start")
+            starts = wait_for(
+                lambda n=n: len(read_records(tmp_path, "start")) >= n and read_records(tmp_path, "start"),
+                60,
+                f"attempt {n} to start",
+            )
             for s in starts:
                 if s["pid"] not in killed:
                     killed.add(s["pid"])
@@ -206,8 +209,9 @@ def test_node_lost_mid_trial_is_retried_on_another_node(ray_cluster, tmp_path):
     second. (The lost node's processes cannot be reached through Ray; on a real node they die with it,
     here the test kills the orphaned stand-in itself.)"""
     cluster = ray_cluster.cluster
-    first = cluster.add_node(num_cpus=2, num_gpus=1, resources={"accelerator_type:AMD-Instinct-MI325X-OAM": 1},
-                             **ray_cluster.node_args)
+    first = cluster.add_node(
+        num_cpus=2, num_gpus=1, resources={"accelerator_type:AMD-Instinct-MI325X-OAM": 1}, **ray_cluster.node_args
+    )
     second = None
     ex = RayExecutor(sleep_recipe(tmp_path, duration_s=3.0), hardware="mi325x")
     orphan = None
@@ -216,8 +220,9 @@ def test_node_lost_mid_trial_is_retried_on_another_node(ray_cluster, tmp_path):
         future = ex.submit(make_spec(12, hardware="mi325x"), TrialContext())
         (start,) = wait_for(lambda: read_records(tmp_path, "start"), 60, "the trial to start")
         orphan = start["pgid"]
-        second = cluster.add_node(num_cpus=2, num_gpus=1,
-                                  resources={"accelerator_type:AMD-Instinct-MI325X-OAM": 1}, **ray_cluster.node_args)
+        second = cluster.add_node(
+            num_cpus=2, num_gpus=1, resources={"accelerator_type:AMD-Instinct-MI325X-OAM": 1}, **ray_cluster.node_args
+        )
         cluster.remove_node(first, allow_graceful=False)
         result = future.result(timeout=120)
         assert result.status is TrialStatus.SUCCEEDED

@@ -94,8 +94,9 @@ def test_real_vllm_trial_through_ray(ray_cluster, vllm_python, tiny_model, tmp_p
         spec=SpecConfig.from_vllm({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}),
         levels=(LoadLevel(LoadKind.CONCURRENCY, 2, num_requests=6, warmup_requests=1),),
         requests=tuple(
-            TrafficRequest(TrafficFormat.COMPLETIONS, prompt=f"def f_{i}(x):\n    return x['{i}']\n" * 4,
-                           output_tokens=24)
+            TrafficRequest(
+                TrafficFormat.COMPLETIONS, prompt=f"def f_{i}(x):\n    return x['{i}']\n" * 4, output_tokens=24
+            )
             for i in range(6)
         ),
         serving=ServingConfig(args={"max_model_len": 512, "enforce_eager": True}),

@@ -45,9 +45,7 @@ MI325X_AMD_SMI_GPU_DATA = json.dumps(
 MI355X_AMD_SMI = json.dumps(
     {"gpu_data": [_amd_smi_record(i, "AMD Instinct MI355X", "0x75a3", "gfx950", 294896) for i in range(8)]}
 )
-MI300X_VF_AMD_SMI = json.dumps(
-    {"gpu_data": [_amd_smi_record(0, "AMD Instinct MI300X VF", "0x74b5", "gfx942", 196592)]}
-)
+MI300X_VF_AMD_SMI = json.dumps({"gpu_data": [_amd_smi_record(0, "AMD Instinct MI300X VF", "0x74b5", "gfx942", 196592)]})
 AMD_SMI_VERSION = json.dumps(
     [
         {
@@ -78,8 +76,7 @@ ROCM_SMI_PRODUCT = json.dumps(
     }
 )
 ROCM_SMI_VRAM = json.dumps(
-    {f"card{i}": {"VRAM Total Memory (B)": "206141652992", "VRAM Total Used Memory (B)": "297619456"}
-     for i in range(2)}
+    {f"card{i}": {"VRAM Total Memory (B)": "206141652992", "VRAM Total Used Memory (B)": "297619456"} for i in range(2)}
 )
 NVIDIA_H100 = (
     "0, NVIDIA H100 80GB HBM3, 0x233010DE, 81559 MiB, 570.124.06\n"
@@ -133,9 +130,7 @@ def test_virtual_function_id_maps_to_its_chip():
 
 
 def test_rocm_smi_fallback_when_amd_smi_missing():
-    run = FakeRun(
-        {("rocm-smi", "--showproductname"): ROCM_SMI_PRODUCT, ("rocm-smi", "--showmeminfo"): ROCM_SMI_VRAM}
-    )
+    run = FakeRun({("rocm-smi", "--showproductname"): ROCM_SMI_PRODUCT, ("rocm-smi", "--showmeminfo"): ROCM_SMI_VRAM})
     gpus = hw.detect_gpus(run)
     assert [(g.index, g.family, g.gfx) for g in gpus] == [(0, "mi300x", "gfx942"), (1, "mi300x", "gfx942")]
     assert gpus[0].memory_mib == 206141652992 // (1024 * 1024)

@@ -122,7 +122,7 @@ class HostReport:
 # Naming
 # --------------------------------------------------------------------------------------------------
 def normalise_pci_id(value: Any) -> str | None:
-    """"0x74A1", "74a1", 29857 or NVIDIA's "0x233010DE" (device << 16 | vendor) to "0x74a1"."""
+    """ "0x74A1", "74a1", 29857 or NVIDIA's "0x233010DE" (device << 16 | vendor) to "0x74a1"."""
     if value is None or value == "" or value == "N/A":
         return None
     if isinstance(value, int):
