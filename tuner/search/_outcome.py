@@ -120,8 +120,13 @@ def build_outcome(
         runs = _confirm_runs(records, win.spec)
         confirmed = paired_speedup(a, runs, baselines) if "winner" in targets else None
         if s_search <= 1 + noise:
-            notes.append(f"off: the best configuration found ({win.spec.label()}, {s_search:.3f}x in the search) "
-                         f"does not beat the baseline beyond the noise ({noise:.1%}); do not speculate")
+            candidate = paired_speedup(a, runs, baselines) if "candidate" in targets else None
+            measured = (
+                f"; re-measured at {candidate.mean:.3f}x ({candidate.low:.3f}-{candidate.high:.3f}) over "
+                f"{candidate.runs} confirmation runs" if candidate is not None and candidate.runs else ""
+            )
+            notes.append(f"off: the best configuration found ({win.spec.label()}, {s_search:.3f}x in the search"
+                         f"{measured}) does not beat the baseline beyond the noise ({noise:.1%}); do not speculate")
         elif confirmed is not None and confirmed.runs >= planner.confirm_runs:
             if confirmed.mean <= 1 + noise:
                 notes.append(f"off: {win.spec.label()} measured {s_search:.3f}x in the search but "
