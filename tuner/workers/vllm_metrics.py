@@ -4,8 +4,10 @@ Estimating decode steps (for ``SpecDecodeStats.decode_steps``): each request ste
 drafts it accepted, and every request's first token comes from prefill, so over a window
 ``steps ~= generation_tokens - accepted_tokens - finished_requests``. It counts request-steps (a batched
 step once per running request), which is also how vLLM counts drafts, so ``1 - drafts / steps`` is the
-share of steps that proposed nothing (ngram/suffix with no match). Requests straddling the window edges
-and preempted requests make it approximate.
+share of steps that proposed nothing (ngram/suffix with no match). Requests straddling the window edges,
+preempted requests, and drafts accepted past ``max_tokens`` (counted by vLLM, cut from the output) make it
+approximate. For those variable-length proposers the acceptance length averages only steps that proposed,
+so it is not a speedup estimate; compare measured throughput instead.
 """
 
 from __future__ import annotations
