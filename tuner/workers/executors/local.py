@@ -83,7 +83,8 @@ class LocalExecutor(Executor):
         self.hardware = hardware
         if not hardware_matches(hardware, family):
             raise HardwareMismatch(f"executor for {hardware!r} on a host with {family or 'mixed/unknown'} GPUs")
-        self.engine = engine or engine_of(evaluator)
+        self._engine_given = engine is not None
+        self.engine = engine or engine_of(evaluator)  # refined from the first evaluator built
         self._lease = GpuLease(Path(lease_dir) / "cpu") if self.cpu_only else GpuLease(lease_dir)
         self._among: tuple[int, ...] = (0,) if self.cpu_only else self.gpus
         self.hang_grace_s = hang_grace_s
@@ -194,7 +195,10 @@ class LocalExecutor(Executor):
 
         def call() -> None:
             try:
-                box["result"] = self._factory()(spec, ctx)
+                evaluator = self._factory()
+                if not self._engine_given:
+                    self.engine = engine_of(evaluator, self.engine)
+                box["result"] = evaluator(spec, ctx)
             except BaseException as exc:
                 box["error"] = exc
             finally:
