@@ -199,8 +199,10 @@ class VllmRunner:
         def should_stop() -> bool:
             return cancelled() or not server.alive() or time.monotonic() > deadline
 
-        def check(window: Window) -> None:
-            if window.stopped:
+        def check(window: Window | None = None) -> None:
+            """Abort when a window was stopped early, or (between windows) when the trial must stop."""
+            stopped = window.stopped if window is not None else should_stop()
+            if stopped:
                 raise _Abort(
                     Observation(
                         Phase.RUNNING,
@@ -248,6 +250,7 @@ class VllmRunner:
                             error_sample=sample,
                         )
                     )
+            check()
             subset = requests[: spec.correctness_prompts]
             if spec.spec.is_off:
                 progress.reference = await greedy_outputs(client, base, subset, settings)
