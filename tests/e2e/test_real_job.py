@@ -70,10 +70,16 @@ def test_real_vllm_job_to_recommendation(served: tuple[TestClient, dict[str, str
         time.sleep(2)
     trials = client.get(f"{job_url}/trials", headers=auth).json()
     assert job["status"] == "succeeded", (job, [(t["number"], t["failure_class"], t["failure_reason"]) for t in trials])
+    summary = [
+        (t["number"], t["purpose"], t["method"], t["status"], t["failure_class"],
+         [(lv["level"]["value"], round(lv["output_throughput"], 1)) for lv in (t["result"] or {}).get("levels", [])])
+        for t in trials
+    ]
+    print("trials:", *summary, "best:", job["best"], sep="\n")
     assert all(t["engine"] == "vllm" and not t["simulated"] for t in trials)
     methods = {t["method"] for t in trials if t["purpose"] != "confirm"}
     assert {"off", "ngram", "draft_model"} <= methods, methods
-    assert sum(t["purpose"] == "confirm" and t["method"] == "off" for t in trials) >= 3
+    assert sum(t["purpose"] == "confirm" and t["method"] == "off" for t in trials) >= 3, summary
     for t in trials:
         assert t["log_path"] and Path(t["log_path"]).exists(), t
         result = t["result"]
