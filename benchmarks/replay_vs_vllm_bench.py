@@ -182,6 +182,10 @@ def main() -> int:
             f"{m['output_throughput'] / ref['output_throughput']:.3f} | {m['mean_tpot_ms'] / ref['mean_tpot_ms']:.3f} |"
         )
     print()
+    for key in ("output_throughput", "mean_tpot_ms"):
+        paired = [a[key] / b[key] for (ta, a), (tb, b) in zip(rows, rows[1:], strict=False)
+                  if (ta, tb) == ("replay", "vllm bench")]  # fmt: skip
+        print(f"- paired runs, replay / vllm bench, {key}: " + ", ".join(f"{x:.2f}" for x in paired))
     for t in tools:
         lengths = sorted({round(r["acceptance_length"], 4) for tt, r in rows if tt == t})
         print(f"- acceptance length, {t}: {lengths}")
