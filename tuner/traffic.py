@@ -203,7 +203,7 @@ class TrafficStats:
     output_tokens_mean: float
     output_tokens_p50: float
     output_tokens_p90: float
-    repetitiveness: float  # share of output-like n-grams already present in the prompt (0..1)
+    repetitiveness: float  # mean share of repeated word 4-grams within a prompt (0..1)
     code_fraction: float  # share of requests that look like code
     has_arrival_times: bool
     has_output_lengths: bool
@@ -225,7 +225,7 @@ def sample_stats(requests: Sequence[TrafficRequest]) -> TrafficStats:
         output_tokens_mean=statistics.fmean(outputs),
         output_tokens_p50=percentile(outputs, 50),
         output_tokens_p90=percentile(outputs, 90),
-        repetitiveness=statistics.fmean(_repetitiveness(r.prompt_text()) for r in requests),
+        repetitiveness=statistics.fmean(repetitiveness(r.prompt_text()) for r in requests),
         code_fraction=sum(_looks_like_code(r.prompt_text()) for r in requests) / len(requests),
         has_arrival_times=all(r.arrival_s is not None for r in requests),
         has_output_lengths=all(r.output_tokens is not None for r in requests),
@@ -233,20 +233,19 @@ def sample_stats(requests: Sequence[TrafficRequest]) -> TrafficStats:
     )
 
 
-_WORD = re.compile(r"\w+|[^\w\s]")
 _CODE = re.compile(r"(\bdef |\bclass |\breturn\b|[{};]\s*$|^\s*(import|from|#include|function)\b)", re.M)
 
 
-def _repetitiveness(text: str, n: int = 4) -> float:
-    """Share of word 4-grams that occur more than once: how much an n-gram drafter can copy."""
-    words = _WORD.findall(text[:20000])
+def repetitiveness(text: str, n: int = 4) -> float:
+    """Share of word n-grams that occur more than once: what a prompt-lookup (n-gram) drafter can copy."""
+    words = text[:20000].split()
     grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
     if not grams:
         return 0.0
-    seen: dict[tuple[str, ...], int] = {}
+    counts: dict[tuple[str, ...], int] = {}
     for g in grams:
-        seen[g] = seen.get(g, 0) + 1
-    return sum(c for c in seen.values() if c > 1) / len(grams)
+        counts[g] = counts.get(g, 0) + 1
+    return sum(c for c in counts.values() if c > 1) / len(grams)
 
 
 def _looks_like_code(text: str) -> bool:

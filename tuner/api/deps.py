@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from tuner.auth import Scope, token_scopes
 from tuner.errors import Forbidden, Unauthorized
 from tuner.settings import AuthMode, Settings
+from tuner.store.db import transaction
 
 
 def get_settings(request: Request) -> Settings:
@@ -19,13 +20,8 @@ def get_settings(request: Request) -> Settings:
 
 def get_session(request: Request) -> Iterator[Session]:
     """Commit when the route returns, roll back when it raises: routes and services never commit."""
-    with request.app.state.session_factory() as session:
-        try:
-            yield session
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
+    with transaction(request.app.state.session_factory) as session:
+        yield session
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

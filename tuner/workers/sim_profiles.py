@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.domain import Method, TrafficRequest
+from tuner.traffic import repetitiveness
 
 CHARS_PER_TOKEN = 4.0
 
@@ -80,18 +81,6 @@ def _kind(text: str, output_tokens: int) -> str:
     if _has(lower, ("write a story", "poem", "essay", "story about", "creative", "fiction")):
         return "writing"
     return "chat"
-
-
-def repetitiveness(text: str, n: int = 4) -> float:
-    """Share of word n-grams that occur more than once: what a prompt-lookup drafter can copy."""
-    words = text.split()
-    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
-    if not grams:
-        return 0.0
-    counts: dict[tuple[str, ...], int] = {}
-    for g in grams:
-        counts[g] = counts.get(g, 0) + 1
-    return sum(c for c in counts.values() if c > 1) / len(grams)
 
 
 _CODE_CHARS = set("{}();=<>[]_#")
