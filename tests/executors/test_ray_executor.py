@@ -205,34 +205,33 @@ def test_node_types_and_labels_are_read(ray_cluster):
 
 
 def test_node_lost_mid_trial_is_retried_on_another_node(ray_cluster, tmp_path):
-    """Two temporary MI325X nodes: the trial starts on the first, which then dies; the retry runs on the
-    second. (The lost node's processes cannot be reached through Ray; on a real node they die with it,
-    here the test kills the orphaned stand-in itself.)"""
+    """Two temporary MI325X nodes: the node the trial starts on dies; the retry runs on the other one.
+    (The lost node's processes cannot be reached through Ray; on a real node they die with it, here the
+    test kills the orphaned stand-in itself.)"""
     cluster = ray_cluster.cluster
-    first = cluster.add_node(
-        num_cpus=2, num_gpus=1, resources={"accelerator_type:AMD-Instinct-MI325X-OAM": 1}, **ray_cluster.node_args
-    )
-    second = None
-    ex = RayExecutor(sleep_recipe(tmp_path, duration_s=3.0), hardware="mi325x")
+    mi325x = {"num_cpus": 2, "num_gpus": 1, "resources": {"accelerator_type:AMD-Instinct-MI325X-OAM": 1}}
+    nodes = {n.node_id: n for n in (cluster.add_node(**mi325x, **ray_cluster.node_args) for _ in range(2))}
+    ex = RayExecutor(sleep_recipe(tmp_path, duration_s=5.0), hardware="mi325x")
     orphan = None
+    removed = set()
     try:
-        wait_for(lambda: ex.free_slots(1) == 1, 30, "the first MI325X node to join")
+        wait_for(lambda: ex.free_slots(1) == 2, 30, "both MI325X nodes to join")
         future = ex.submit(make_spec(12, hardware="mi325x"), TrialContext())
         (start,) = wait_for(lambda: read_records(tmp_path, "start"), 60, "the trial to start")
-        orphan = start["pgid"]
-        second = cluster.add_node(
-            num_cpus=2, num_gpus=1, resources={"accelerator_type:AMD-Instinct-MI325X-OAM": 1}, **ray_cluster.node_args
-        )
-        cluster.remove_node(first, allow_graceful=False)
+        orphan, lost = start["pgid"], start["node_id"]
+        cluster.remove_node(nodes[lost], allow_graceful=False)
+        removed.add(lost)
         result = future.result(timeout=120)
         assert result.status is TrialStatus.SUCCEEDED
-        assert result.worker.endswith(second.node_id[:12])
+        (other,) = set(nodes) - {lost}
+        assert result.worker.endswith(other[:12])
         assert [(h.attempt, h.outcome) for h in ex.history] == [(0, "lost"), (1, "result")]
-        assert ex.history[0].where == first.node_id
+        assert ex.history[0].where == lost
         assert len(read_records(tmp_path, "done")) == 1
     finally:
         ex.close()
         if orphan is not None and not group_gone(orphan):
             os.killpg(orphan, signal.SIGKILL)
-        if second is not None:
-            cluster.remove_node(second)
+        for node_id, node in nodes.items():
+            if node_id not in removed:
+                cluster.remove_node(node)

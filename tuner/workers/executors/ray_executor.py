@@ -100,7 +100,9 @@ class _Registry:
         self._cancel.discard(key)
 
 
-def _trial_task(recipe: EvaluatorRecipe, spec: TrialSpec, key: str, registry: Any, log_dir: str | None) -> TrialResult:
+def _trial_task(
+    recipe: EvaluatorRecipe, spec: TrialSpec, key: str, registry: Any, log_dir: str | None
+) -> dict[str, Any]:
     node_id = ray.get_runtime_context().get_node_id()
     try:
         ray.get(registry.started.remote(key, node_id, socket.gethostname(), os.getpid()), timeout=60)
@@ -122,7 +124,9 @@ def _trial_task(recipe: EvaluatorRecipe, spec: TrialSpec, key: str, registry: An
 
     ctx = TrialContext(is_cancelled=throttled(cancelled, 1.0), on_process_started=on_started, log_dir=log_dir)
     evaluator = build_evaluator(recipe, in_ray=True)
-    return evaluator(dataclasses.replace(spec, gpu_ids=None), ctx)
+    result = evaluator(dataclasses.replace(spec, gpu_ids=None), ctx)
+    # Where it ran travels with the result, so the origin never depends on the registry being reachable.
+    return {"result": result, "node_id": node_id, "host": socket.gethostname()}
 
 
 def _cleanup_task(pgids: list[int]) -> dict[int, bool]:
@@ -182,6 +186,13 @@ def cluster_nodes() -> list[NodeView]:
     return out
 
 
+def _head_node_id() -> str:
+    for node in ray.nodes():
+        if node.get("Alive") and "node:__internal_head__" in (node.get("Resources") or {}):
+            return node["NodeID"]
+    return ray.get_runtime_context().get_node_id()
+
+
 @dataclass
 class _Trial:
     key: str
@@ -234,8 +245,10 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
             self._owns_ray = True
-        here = ray.get_runtime_context().get_node_id()
-        self._registry = _Registry.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+        # The registry lives on the head node (whose loss ends the cluster anyway), never on a GPU node
+        # that may die mid-trial with the pgids it holds.
+        head = NodeAffinitySchedulingStrategy(_head_node_id(), soft=True)
+        self._registry = _Registry.options(scheduling_strategy=head).remote()
         self._lock = threading.Lock()
         self._trials: dict[str, _Trial] = {}
         self._threads: list[threading.Thread] = []
@@ -451,7 +464,9 @@ class RayExecutor(Executor):
                     trial.started_on = info["node_id"]
             if ready:
                 try:
-                    return "result", ray.get(ref), info
+                    out = ray.get(ref)
+                    info = {**(info or {}), "node_id": out["node_id"], "host": out["host"]}
+                    return "result", out["result"], info
                 except rex.TaskCancelledError as exc:
                     return forced or "cancelled", exc, info
                 except rex.RayTaskError as exc:  # the evaluator itself raised
@@ -489,7 +504,8 @@ class RayExecutor(Executor):
     def _info(self, key: str) -> dict[str, Any] | None:
         try:
             return ray.get(self._registry.info.remote(key), timeout=30)
-        except Exception:
+        except Exception as exc:
+            log.warning("trial registry unreachable: %r", exc)
             return None
 
     def _cleanup(self, node_id: str | None, pgids: tuple[int, ...]) -> None:

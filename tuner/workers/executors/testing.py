@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,12 @@ class SleepEvaluator:
         proc = subprocess.Popen(["sleep", "3600"], start_new_session=True)
         ctx.on_process_started(proc.pid)
         visible = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}
+        node_id = None
+        if "ray" in sys.modules:  # inside a Ray task: which node it runs on
+            import ray
+
+            if ray.is_initialized():
+                node_id = ray.get_runtime_context().get_node_id()
         self._record(
             "start",
             spec,
@@ -71,6 +78,7 @@ class SleepEvaluator:
                 "number": spec.number,
                 "gpu_ids": spec.gpu_ids,
                 "visible": visible,
+                "node_id": node_id,
                 "t": time.time(),
             },
         )
