@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -96,6 +96,7 @@ class JobRunner:
         log_dir: Path | None = None,
         kill_group: KillGroup = _kill_group,
         host_report: dict[str, Any] | None = None,
+        hardware: Sequence[str] | None = None,
     ) -> None:
         self._factory = factory
         self._planner_factory = planner_factory
@@ -107,6 +108,7 @@ class JobRunner:
         self._log_dir = log_dir
         self._kill_group = kill_group
         self._host_report = host_report
+        self._hardware = hardware
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -136,7 +138,9 @@ class JobRunner:
         """Claim one job (or the given one) and run it to the end. Returns its id, or None if none was free."""
         with transaction(self._factory) as s:
             tuning.purge_expired_traffic(s)
-            job = tuning.claim_job(s, self.worker, stale_after_s=self._stale_after_s, job_id=job_id)
+            job = tuning.claim_job(
+                s, self.worker, stale_after_s=self._stale_after_s, job_id=job_id, hardware=self._hardware
+            )
             if job is None:
                 return None
             claimed_id = job.id

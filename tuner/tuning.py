@@ -182,9 +182,17 @@ def request_cancel(session: Session, job_id: str) -> JobRow:
     return row
 
 
-def claim_job(session: Session, worker: str, *, stale_after_s: float, job_id: str | None = None) -> JobRow | None:
+def claim_job(
+    session: Session,
+    worker: str,
+    *,
+    stale_after_s: float,
+    job_id: str | None = None,
+    hardware: Sequence[str] | None = None,
+) -> JobRow | None:
     """Atomically claim one queued job, or a running one whose runner stopped heart-beating.
 
+    ``hardware``: the chip families this runner can run (None: any, e.g. a Ray coordinator).
     The claim is a conditional UPDATE whose WHERE repeats the eligibility test, so of two runners racing for
     the same row exactly one sees rowcount 1 (on SQLite and PostgreSQL alike).
     """
@@ -195,6 +203,15 @@ def claim_job(session: Session, worker: str, *, stale_after_s: float, job_id: st
         and_(JobRow.status == JobStatus.RUNNING.value, or_(JobRow.heartbeat_at.is_(None), JobRow.heartbeat_at < stale)),
     )
     query = select(JobRow.id).where(eligible, JobRow.cancel_requested.is_(False)).order_by(JobRow.created_at)
+    if hardware is not None:
+        # A job for one chip never runs on another: a worker claims only jobs for its hardware (or "auto"),
+        # and simulated jobs, which stand in for any chip.
+        query = query.where(
+            or_(
+                JobRow.hardware.in_([*hardware, "auto"]),
+                JobRow.engine == Engine.SIMULATED.value,
+            )
+        )
     if job_id is not None:
         query = query.where(JobRow.id == job_id)
     for candidate in session.scalars(query.limit(5)).all():

@@ -192,6 +192,7 @@ def make_executor(settings: Settings, spec: JobSpec) -> TrialExecutor:
 
 
 def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: bool = True) -> JobRunner:
+    report_data = host_report(settings) if report else None
     return JobRunner(
         factory,
         planner_factory=lambda job_id, spec, reqs: make_planner(settings, job_id, spec, reqs),
@@ -201,5 +202,14 @@ def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: b
         stale_after_s=settings.stale_after_s,
         poll_s=settings.poll_s,
         log_dir=settings.log_dir,
-        host_report=host_report(settings) if report else None,
+        host_report=report_data,
+        hardware=claimable_hardware(settings, report_data),
     )
+
+
+def claimable_hardware(settings: Settings, report: dict[str, Any] | None) -> list[str] | None:
+    """The chips a runner claims jobs for: its own GPUs' family locally; anything behind a Ray cluster."""
+    if settings.executor == "ray" or report is None:
+        return None
+    family = report.get("hardware")
+    return [family] if family else []

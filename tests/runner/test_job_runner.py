@@ -188,3 +188,23 @@ def test_failed_baseline_fails_the_job_with_its_reason(db_url: str) -> None:
         assert "baseline" in job.error and "not supported" in job.error
         trial = tuning.list_trials(s, job_id)[0]
         assert trial.failure_class == "unsupported_config" and trial.failure_reason
+
+
+def test_a_worker_claims_only_jobs_for_its_hardware(db_url: str) -> None:
+    factory = make_session_factory(make_engine(db_url))
+    with transaction(factory) as s:
+        traffic = tuning.create_traffic(s, REQUESTS)
+        jobs = {}
+        for hw, engine in [("mi300x", Engine.VLLM), ("h200", Engine.VLLM), ("auto", Engine.VLLM),
+                           ("mi355x", Engine.SIMULATED)]:
+            row, _ = tuning.submit_job(s, JobSpec(model=ModelRef("m"), traffic_id=traffic.id, hardware=hw,
+                                                  engine=engine, levels=LEVELS))
+            jobs[row.id] = hw
+    claimed = []
+    while True:
+        with transaction(factory) as s:
+            job = tuning.claim_job(s, "mi300x-node", stale_after_s=60, hardware=["mi300x"])
+        if job is None:
+            break
+        claimed.append(jobs[job.id])
+    assert sorted(claimed) == ["auto", "mi300x", "mi355x"]  # never the h200 job; simulated stands in for any chip
