@@ -93,11 +93,22 @@ class FakeEvaluator:
         self.delay_s = delay_s
         self.fail = fail or set()
         self.calls: list[tuple[int | None, str]] = []
+        self.active = 0
+        self.max_active = 0
         self._lock = threading.Lock()
 
     def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
         with self._lock:
             self.calls.append((spec.number, spec.spec.label()))
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            return self._run(spec, ctx)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+    def _run(self, spec: TrialSpec, ctx: TrialContext | None) -> TrialResult:
         deadline = time.monotonic() + self.delay_s
         while time.monotonic() < deadline:
             if ctx is not None and ctx.is_cancelled():

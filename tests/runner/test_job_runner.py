@@ -41,10 +41,11 @@ def submit(factory, engine: Engine = Engine.SIMULATED) -> str:  # type: ignore[n
 
 
 def runner(factory, planner: ListPlanner, evaluator: FakeEvaluator, **kw) -> JobRunner:  # type: ignore[no-untyped-def]
+    slots = kw.pop("slots", 2)
     return JobRunner(
         factory,
         planner_factory=lambda job_id, spec, reqs: planner,
-        executor_factory=lambda spec: ThreadExecutor(evaluator, slots=kw.pop("slots", 2)),
+        executor_factory=lambda spec: ThreadExecutor(evaluator, slots=slots),
         heartbeat_s=0.1,
         stale_after_s=kw.pop("stale_after_s", 1.0),
         poll_s=0.05,
@@ -208,3 +209,12 @@ def test_a_worker_claims_only_jobs_for_its_hardware(db_url: str) -> None:
             break
         claimed.append(jobs[job.id])
     assert sorted(claimed) == ["auto", "mi300x", "mi355x"]  # never the h200 job; simulated stands in for any chip
+
+
+def test_after_the_baseline_trials_fill_the_free_slots(db_url: str) -> None:
+    factory = make_session_factory(make_engine(db_url))
+    submit(factory)
+    ev = FakeEvaluator(delay_s=0.4)
+    runner(factory, ListPlanner(SPECS), ev, slots=2).run_once()
+    assert ev.calls[0][1] == "off"
+    assert ev.max_active == 2  # bounded by the executor's slots, and using them all
