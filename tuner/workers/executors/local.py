@@ -25,9 +25,11 @@ from tuner.workers.executors._base import (
     resolved,
     with_origin,
 )
-from tuner.workers.executors._procs import kill_group
 from tuner.workers.gpu_lease import GpuLease, LeasedGroup
 from tuner.workers.hardware import canonical_family, detect_gpus, hardware_matches
+from tuner.workers.vllm_server import kill_process_group
+
+KILL_GRACE_S = 10.0  # SIGTERM-to-SIGKILL grace when an executor cleans up a trial's processes
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +239,7 @@ class LocalExecutor(Executor):
             return with_origin(result, where, self.family), where, "result"
         # Hung or ignoring cancellation: kill what it started, resolve now, keep the GPUs until it returns.
         for pgid in trial.pgids:
-            kill_group(pgid)
+            kill_process_group(pgid, grace_s=KILL_GRACE_S)
         if forced == "timeout":
             result = failed_result(
                 trial.spec,

@@ -48,9 +48,11 @@ from tuner.workers.executors._base import (
     throttled,
     with_origin,
 )
-from tuner.workers.executors._procs import kill_group
 from tuner.workers.executors.recipe import EvaluatorRecipe, build_evaluator
 from tuner.workers.hardware import canonical_family, family_of_ray_type, hardware_matches, ray_accelerator_types
+from tuner.workers.vllm_server import kill_process_group
+
+KILL_GRACE_S = 10.0  # SIGTERM-to-SIGKILL grace when an executor cleans up a trial's processes
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +132,7 @@ def _trial_task(
 
 
 def _cleanup_task(pgids: list[int]) -> dict[int, bool]:
-    return {pgid: kill_group(pgid) for pgid in pgids if pgid > 1}
+    return {pgid: kill_process_group(pgid, grace_s=KILL_GRACE_S) for pgid in pgids if pgid > 1}
 
 
 _remote_trial = ray.remote(max_retries=0)(_trial_task)
