@@ -113,7 +113,10 @@ class FakeEvaluator:
         while time.monotonic() < deadline:
             if ctx is not None and ctx.is_cancelled():
                 return TrialResult(
-                    TrialStatus.CANCELLED, Engine.SIMULATED, spec=spec.spec, failure=Failure(FailureClass.CANCELLED, "x")
+                    TrialStatus.CANCELLED,
+                    Engine.SIMULATED,
+                    spec=spec.spec,
+                    failure=Failure(FailureClass.CANCELLED, "cancelled"),
                 )
             time.sleep(0.02)
         if spec.spec.method in self.fail:
@@ -129,8 +132,13 @@ class FakeEvaluator:
             for lvl in spec.levels
         )
         return TrialResult(
-            TrialStatus.SUCCEEDED, Engine.SIMULATED, spec=spec.spec, levels=levels, vllm_version="0.0-fake",
-            hardware="cpu", reference_outputs=((1, 2, 3),) if spec.spec.is_off else None,
+            TrialStatus.SUCCEEDED,
+            Engine.SIMULATED,
+            spec=spec.spec,
+            levels=levels,
+            vllm_version="0.0-fake",
+            hardware="cpu",
+            reference_outputs=((1, 2, 3),) if spec.spec.is_off else None,
         )
 
 

