@@ -26,7 +26,9 @@ if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
   for _ in $(seq 1 60); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
 fi
 
-# 4. Deployment files: hadolint on the Dockerfiles, JSON-schema checks of compose and KubeRay manifests.
+# 4. Lint the code, then the deployment files.
+.venv/bin/ruff check tuner tests benchmarks examples migrations
+#    Deployment files: hadolint on the Dockerfiles, JSON-schema checks of compose and KubeRay manifests.
 if [ -f scripts/lint_deploy.sh ]; then
   PATH="$PWD/.venv/bin:$PATH" bash scripts/lint_deploy.sh
 fi
