@@ -38,6 +38,7 @@ from tuner.domain import (
     TrialStatus,
     to_jsonable,
 )
+from tuner.errors import TunerError
 from tuner.store.db import transaction
 from tuner.store.models import JobRow
 
@@ -190,6 +191,10 @@ class _JobRun:
         hb.start()
         try:
             self._run()
+        except TunerError as e:  # the job cannot run as asked (refused input, deleted traffic): say why
+            log.warning("job %s refused: %s", self.job_id, e.detail)
+            with self.r.session() as s:
+                tuning.finish_job(s, self.job_id, self.r.worker, JobStatus.FAILED, error=e.detail)
         except Exception as e:
             log.exception("job %s failed", self.job_id)
             with self.r.session() as s:
@@ -202,7 +207,9 @@ class _JobRun:
         with self.r.session() as s:
             job = tuning.get_job(s, self.job_id)
             spec = tuning.job_spec(job)
-            requests = tuning.traffic_requests(s, job.traffic_id)
+            if job.cancel_requested:  # cancelled while its dead runner held it: clean up, run nothing
+                self.cancelled.set()
+            requests = [] if self.cancelled.is_set() else tuning.traffic_requests(s, job.traffic_id)
         planner = self.r._planner_factory(self.job_id, spec, requests)
         self._recover(planner)
         executor = self.r._executor_factory(spec)

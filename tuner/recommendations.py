@@ -65,8 +65,28 @@ def _latency(levels: Sequence[LevelResult]) -> dict[str, dict[str, Any]]:
             "errors": lr.errors,
             "acceptance_length": lr.spec_decode.acceptance_length if lr.spec_decode else None,
             "acceptance_per_position": list(lr.spec_decode.per_position_rate) if lr.spec_decode else None,
+            "acceptance_conditional": list(lr.spec_decode.conditional_per_position) if lr.spec_decode else None,
+            "proposed_per_draft": lr.spec_decode.mean_proposed_per_draft if lr.spec_decode else None,
+            "empty_step_fraction": lr.spec_decode.empty_step_fraction if lr.spec_decode else None,
         }
     return out
+
+
+def _variable_length_note(spec: SpecConfig, results: Sequence[TrialResult]) -> str | None:
+    """ngram/suffix: vLLM counts a draft only when a step proposed tokens, so acceptance is not a speedup."""
+    if not spec.method.is_variable_length:
+        return None
+    empty = [
+        lr.spec_decode.empty_step_fraction
+        for r in results
+        for lr in r.levels
+        if lr.spec_decode and lr.spec_decode.empty_step_fraction is not None
+    ]
+    share = f"; {statistics.fmean(empty):.0%} of decode steps proposed nothing" if empty else ""
+    return (
+        f"{spec.method.value}: acceptance length and per-position rates count only steps that proposed tokens"
+        f"{share}. Read the measured speedup, not the acceptance length."
+    )
 
 
 def _acceptance_length(results: Sequence[TrialResult]) -> float | None:
@@ -102,6 +122,8 @@ def publish(
     confirm = [results[n] for n in outcome.confirm_trials if n in results and results[n].spec.key() == deployed.key()]
     evidence = confirm or [results[n] for n in (outcome.best_trial,) if n is not None and n in results]
     notes = list(outcome.notes)
+    if (note := _variable_length_note(deployed, evidence)) is not None:
+        notes.append(note)
     if deployed.is_off:
         notes.insert(0, "No speculation: nothing beat the no-speculation baseline beyond measurement noise.")
     if spec.engine is Engine.SIMULATED:
@@ -226,19 +248,40 @@ def find(
     workload: str | None = None,
     engine: Engine = Engine.VLLM,
     revision: str | None = None,
+    serving: str | None = None,
 ) -> dict[str, Any]:
-    """The newest matching recommendation, with its history and staleness, as the API returns it."""
+    """The newest matching recommendation, with its history and staleness, as the API returns it.
+
+    ``workload`` is a workload class, or the id or fingerprint of a sample (today's or tomorrow's): a sample
+    known to the store stands for its class, and an answer measured on that very sample ranks first.
+    ``serving`` is a serving key (``serving_key`` in a response): the production configuration is part of the
+    recommendation's key, so answers for other configurations are listed, never silently substituted.
+    """
     q = select(RecommendationRow).where(RecommendationRow.model == model, RecommendationRow.engine == engine.value)
     if hardware and hardware != "auto":
         q = q.where(RecommendationRow.hardware == hardware)
     if revision:
         q = q.where(RecommendationRow.revision == revision)
+    if serving:
+        q = q.where(RecommendationRow.serving_key == serving)
+    sample_fp: str | None = None
     if workload:
-        q = q.where(
-            (RecommendationRow.workload_class == workload)
-            | (RecommendationRow.workload_fingerprint == workload)
-            | (RecommendationRow.traffic_id == workload)
+        sample = (
+            session.get(TrafficSampleRow, workload)
+            or session.scalars(
+                select(TrafficSampleRow).where(TrafficSampleRow.fingerprint == workload).limit(1)
+            ).first()
         )
+        if sample is not None:
+            sample_fp = sample.fingerprint
+            q = q.where(
+                (RecommendationRow.workload_class == sample.workload_class)
+                | (RecommendationRow.workload_fingerprint == sample.fingerprint)
+            )
+        else:
+            q = q.where(
+                (RecommendationRow.workload_class == workload) | (RecommendationRow.workload_fingerprint == workload)
+            )
     rows = list(session.scalars(q.order_by(RecommendationRow.created_at.desc(), RecommendationRow.id.desc())))
     if concurrency is not None:
         rows = [
@@ -246,21 +289,41 @@ def find(
             for r in rows
             if r.concurrency_low <= concurrency and (r.concurrency_high is None or concurrency <= r.concurrency_high)
         ]
-        # The narrowest range that holds the concurrency is the most specific evidence.
-        rows.sort(key=lambda r: (r.scope == "all", -r.created_at.timestamp() if r.created_at else 0))
     else:
         rows = [r for r in rows if r.scope == "all"]
+    # Stable sort over newest-first: the same sample before the same class; a level's own range before "all".
+    rows.sort(key=lambda r: (sample_fp is not None and r.workload_fingerprint != sample_fp, r.scope == "all"))
     if not rows:
         what = (
             f"model {model!r}"
             + (f" on {hardware}" if hardware else "")
             + (f" at concurrency {concurrency}" if concurrency is not None else "")
             + (f" for workload {workload!r}" if workload else "")
+            + (f" with serving key {serving}" if serving else "")
             + ("" if engine is Engine.VLLM else " (simulated)")
         )
         raise NotFound(f"no {'simulated ' if engine is Engine.SIMULATED else 'measured '}recommendation for {what}")
     best = rows[0]
-    return render(session, best, history=[r for r in rows[1:] if r.scope == best.scope][:MAX_HISTORY])
+    same = [r for r in rows[1:] if r.scope == best.scope and r.serving_key == best.serving_key]
+    others: dict[str, RecommendationRow] = {}
+    for r in rows[1:]:
+        if r.serving_key != best.serving_key and r.serving_key not in others:
+            others[r.serving_key] = r
+    out = render(session, best, history=same[:MAX_HISTORY])
+    out["matched_by"] = _matched_by(best, workload, sample_fp)
+    out["other_serving_configs"] = [
+        {"serving_key": key, "serving": r.body.get("serving"), "recommendation_id": r.id, "job_id": r.job_id}
+        for key, r in others.items()
+    ]
+    return out
+
+
+def _matched_by(row: RecommendationRow, workload: str | None, sample_fp: str | None) -> str | None:
+    if not workload:
+        return None
+    if row.workload_fingerprint in (sample_fp, workload):
+        return "fingerprint"  # measured on this very traffic
+    return "workload_class"
 
 
 def render(session: Session, row: RecommendationRow, history: Sequence[RecommendationRow] = ()) -> dict[str, Any]:
@@ -282,6 +345,7 @@ def render(session: Session, row: RecommendationRow, history: Sequence[Recommend
         "speculative_config": speculative,
         "serve_args": ["vllm", *rec.serve_args()],
         "serving": to_jsonable(rec.serving),
+        "serving_key": row.serving_key,
         "concurrency": {"low": rec.concurrency.low, "high": rec.concurrency.high},
         "scope": row.scope,
         "speedup": to_jsonable(rec.speedup),

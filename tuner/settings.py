@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     allow_trust_remote_code: bool = False
     max_traffic_bytes: int = 32 * 1024 * 1024
     max_inline_requests: int = 10_000
+    max_request_overhead_bytes: int = Field(
+        default=1024 * 1024, description="JSON bodies may exceed max_traffic_bytes by this much (413 beyond)."
+    )
     traffic_retention_days: float | None = Field(
         default=None, description="Delete uploaded prompts (keep stats and fingerprint) after this many days."
     )

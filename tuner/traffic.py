@@ -293,5 +293,10 @@ def requests_to_json(requests: Sequence[TrafficRequest]) -> list[dict[str, Any]]
     return out
 
 
+def parse_items(items: Sequence[Any]) -> list[TrafficRequest]:
+    """Requests given as already-decoded JSON items (inline traffic); errors name items from 1, like lines."""
+    return _convert([(i + 1, item) for i, item in enumerate(items)])
+
+
 def requests_from_json(items: Sequence[Mapping[str, Any]]) -> list[TrafficRequest]:
     return [r for r in (request_from_json(i) for i in items) if r is not None]

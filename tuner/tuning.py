@@ -118,15 +118,31 @@ def purge_expired_traffic(session: Session, now: datetime | None = None) -> int:
 # --------------------------------------------------------------------------------------------------
 # Jobs
 # --------------------------------------------------------------------------------------------------
-def submit_job(session: Session, spec: JobSpec, *, idempotency_key: str | None = None) -> tuple[JobRow, bool]:
-    """Queue a job. With an idempotency key, a retried POST of the same body returns the same job."""
+def job_for_idempotency_key(session: Session, key: str, request_fingerprint: str) -> JobRow | None:
+    """The job an earlier POST with this key created, if any; a different body under the same key is a 409."""
+    existing = session.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
+    if existing is not None and existing.request_fingerprint != request_fingerprint:
+        raise Conflict("this Idempotency-Key was already used with a different request body")
+    return existing
+
+
+def submit_job(
+    session: Session,
+    spec: JobSpec,
+    *,
+    idempotency_key: str | None = None,
+    request_fingerprint: str | None = None,
+) -> tuple[JobRow, bool]:
+    """Queue a job. With an idempotency key, a retried POST of the same body returns the same job.
+
+    ``request_fingerprint`` identifies the request as the client sent it (the API passes the body's, so that
+    inline traffic, stored anew on every POST, does not make a retry look different); default: the spec's.
+    """
     body = to_jsonable(spec)
-    body_fp = fingerprint(body)
+    body_fp = request_fingerprint or fingerprint(body)
     if idempotency_key:
-        existing = session.scalars(select(JobRow).where(JobRow.idempotency_key == idempotency_key)).first()
+        existing = job_for_idempotency_key(session, idempotency_key, body_fp)
         if existing is not None:
-            if existing.request_fingerprint != body_fp:
-                raise Conflict("this Idempotency-Key was already used with a different request body")
             return existing, False
     traffic = get_traffic(session, spec.traffic_id)
     if traffic.content is None:
@@ -194,15 +210,17 @@ def claim_job(
 
     ``hardware``: the chip families this runner can run (None: any, e.g. a Ray coordinator).
     The claim is a conditional UPDATE whose WHERE repeats the eligibility test, so of two runners racing for
-    the same row exactly one sees rowcount 1 (on SQLite and PostgreSQL alike).
+    the same row exactly one sees rowcount 1 (on SQLite and PostgreSQL alike). A running job whose runner died
+    is claimed even when its cancel was requested: the claimer kills what the dead runner left and ends the
+    job as cancelled (a queued job is cancelled at once by ``request_cancel``, so it never waits here).
     """
     now = _now()
     stale = now - timedelta(seconds=stale_after_s)
     eligible = or_(
-        JobRow.status == JobStatus.QUEUED.value,
+        and_(JobRow.status == JobStatus.QUEUED.value, JobRow.cancel_requested.is_(False)),
         and_(JobRow.status == JobStatus.RUNNING.value, or_(JobRow.heartbeat_at.is_(None), JobRow.heartbeat_at < stale)),
     )
-    query = select(JobRow.id).where(eligible, JobRow.cancel_requested.is_(False)).order_by(JobRow.created_at)
+    query = select(JobRow.id).where(eligible).order_by(JobRow.created_at)
     if hardware is not None:
         # A job for one chip never runs on another: a worker claims only jobs for its hardware (or "auto"),
         # and simulated jobs, which stand in for any chip.
@@ -217,7 +235,7 @@ def claim_job(
     for candidate in session.scalars(query.limit(5)).all():
         res = session.execute(
             update(JobRow)
-            .where(JobRow.id == candidate, eligible, JobRow.cancel_requested.is_(False))
+            .where(JobRow.id == candidate, eligible)
             .values(
                 status=JobStatus.RUNNING.value,
                 claimed_by=worker,

@@ -24,6 +24,7 @@ from tuner.domain import (
     TrialResult,
     TrialSpec,
 )
+from tuner.errors import InvalidInput
 from tuner.job_runner import JobRunner, TrialExecutor
 from tuner.settings import Settings
 
@@ -69,6 +70,9 @@ def host_report(settings: Settings) -> dict[str, Any]:
 def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[TrafficRequest]) -> Planner:
     from tuner.search import OptunaPlanner, build_space, read_model_config
 
+    if spec.model.trust_remote_code and not settings.allow_trust_remote_code:
+        # The API checked its own settings; a worker runs the model's code, so it decides for itself too.
+        raise InvalidInput("trust_remote_code is not allowed on this worker (TUNER_ALLOW_TRUST_REMOTE_CODE)")
     config = read_model_config(spec.model.name, supplied=spec.model_config, revision=spec.model.revision)
     if spec.engine is Engine.SIMULATED:
         vllm_version = "0.34.0"  # the simulated engine models current vLLM

@@ -48,6 +48,54 @@ def test_idempotency_key_returns_the_same_job(api: Api) -> None:
     assert other.headers["content-type"] == "application/problem+json"
 
 
+def test_idempotency_key_with_inline_traffic_returns_the_same_job(api: Api) -> None:
+    h = api.tune | {"Idempotency-Key": "inline-1"}
+    first = api.client.post("/tune", json=body(BENCH), headers=h)
+    second = api.client.post("/tune", json=body(BENCH), headers=h)
+    assert first.status_code == 202 and second.status_code == 200, second.text
+    assert first.json()["id"] == second.json()["id"]
+    assert second.headers["location"] == f"/tune/{first.json()['id']}"
+    assert api.client.post("/tune", json=body(BENCH[:2]), headers=h).status_code == 409
+
+
+def test_idempotent_twin_that_commits_first_wins(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two POSTs with one key racing: the loser's insert hits the unique key and answers the winner's job."""
+    from tuner import tuning
+    from tuner.api.routes import tune as route
+
+    winner = api.client.post("/tune", json=body(BENCH), headers=api.tune | {"Idempotency-Key": "race"}).json()
+    real = tuning.job_for_idempotency_key
+    calls = {"n": 0}
+
+    def first_look_misses(*args: object, **kw: object) -> object:
+        calls["n"] += 1
+        # the route's look and submit_job's both miss; the insert then hits the unique key
+        return None if calls["n"] <= 2 else real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(route.tuning, "job_for_idempotency_key", first_look_misses)
+    r = api.client.post("/tune", json=body(BENCH), headers=api.tune | {"Idempotency-Key": "race"})
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == winner["id"]
+    assert calls["n"] == 3
+
+
+def test_an_oversized_tune_body_is_413_and_stores_nothing(api: Api) -> None:
+    limit = api.settings.max_traffic_bytes + api.settings.max_request_overhead_bytes
+    big = [{"prompt": "x" * 4096, "output_tokens": 8}] * (limit // 4096 + 1)
+    r = api.client.post("/tune", json=body(big), headers=api.tune)
+    assert r.status_code == 413, r.text[:300]
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["status"] == 413
+    assert 'tuner_jobs{status="queued"} 0.0' in api.client.get("/metrics").text
+
+
+def test_inline_traffic_errors_name_the_items(api: Api) -> None:
+    items = [BENCH[0], {"prompt": "x", "output_tokens": -3}, BENCH[1], {"messages": "hello"}]
+    r = api.client.post("/tune", json=body(items), headers=api.tune)
+    assert r.status_code == 422, r.text
+    assert {e["field"] for e in r.json()["errors"]} == {"traffic.1", "traffic.3"}
+
+
 @pytest.mark.parametrize(
     ("patch", "field"),
     [

@@ -178,6 +178,30 @@ def test_cancel_from_another_process_stops_running_trials(db_url: str) -> None:
         assert [tr.status for tr in tuning.list_trials(s, job_id)] == ["cancelled"]
 
 
+def test_cancel_of_a_job_whose_runner_died_kills_its_processes_and_ends_it(db_url: str) -> None:
+    """Cancel works from any process even when no live runner holds the job: the next runner finishes it."""
+    factory = make_session_factory(make_engine(db_url))
+    job_id = submit(factory)
+    with transaction(factory) as s:
+        tuning.claim_job(s, GHOST, stale_after_s=60)
+        tuning.start_trial(s, job_id, Proposal(0, SpecConfig()), levels=[], worker=GHOST)
+        tuning.set_trial_pgid(s, job_id, 0, 888_888)
+    with transaction(factory) as s:
+        tuning.request_cancel(s, job_id)
+        job = s.get(JobRow, job_id)
+        assert job.status == "running" and job.cancel_requested  # only a runner can stop what runs
+        job.heartbeat_at = job.heartbeat_at.replace(year=2000)  # ... and the ghost is dead
+    ev = FakeEvaluator()
+    killed: list[int] = []
+    assert runner(factory, ListPlanner(SPECS), ev, kill_group=killed.append).run_once() == job_id
+    assert killed == [888_888]
+    assert ev.calls == []  # nothing new was launched
+    with factory() as s:
+        assert s.get(JobRow, job_id).status == JobStatus.CANCELLED.value
+        (trial,) = tuning.list_trials(s, job_id)
+        assert trial.status == "failed" and trial.failure_class == "infrastructure"
+
+
 def test_failed_baseline_fails_the_job_with_its_reason(db_url: str) -> None:
     factory = make_session_factory(make_engine(db_url))
     job_id = submit(factory)
@@ -196,10 +220,15 @@ def test_a_worker_claims_only_jobs_for_its_hardware(db_url: str) -> None:
     with transaction(factory) as s:
         traffic = tuning.create_traffic(s, REQUESTS)
         jobs = {}
-        for hw, engine in [("mi300x", Engine.VLLM), ("h200", Engine.VLLM), ("auto", Engine.VLLM),
-                           ("mi355x", Engine.SIMULATED)]:
-            row, _ = tuning.submit_job(s, JobSpec(model=ModelRef("m"), traffic_id=traffic.id, hardware=hw,
-                                                  engine=engine, levels=LEVELS))
+        for hw, engine in [
+            ("mi300x", Engine.VLLM),
+            ("h200", Engine.VLLM),
+            ("auto", Engine.VLLM),
+            ("mi355x", Engine.SIMULATED),
+        ]:
+            row, _ = tuning.submit_job(
+                s, JobSpec(model=ModelRef("m"), traffic_id=traffic.id, hardware=hw, engine=engine, levels=LEVELS)
+            )
             jobs[row.id] = hw
     claimed = []
     while True:

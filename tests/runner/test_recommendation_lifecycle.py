@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.fakes import FakeEvaluator, ListPlanner
-from tests.runner.test_job_runner import SPECS, runner, submit
+from tests.fakes import LEVELS, FakeEvaluator, ListPlanner
+from tests.runner.test_job_runner import REQUESTS, SPECS, runner, submit
 from tuner import recommendations, tuning
-from tuner.domain import Engine
+from tuner.domain import Engine, JobSpec, ModelRef, ServingConfig
 from tuner.errors import NotFound
 from tuner.store.db import make_engine, make_session_factory, transaction
-from tuner.store.models import TrafficSampleRow
+from tuner.store.models import JobRow, TrafficSampleRow
 
 
 def test_history_staleness_and_workload_class(db_url: str) -> None:
@@ -39,11 +40,56 @@ def test_history_staleness_and_workload_class(db_url: str) -> None:
         assert rec["stale"] is True and "0.34.0" in rec["stale_reason"]
 
 
+def test_tomorrows_sample_of_the_same_kind_finds_todays_answer(db_url: str) -> None:
+    factory = make_session_factory(make_engine(db_url))
+    job = submit(factory)
+    runner(factory, ListPlanner(SPECS), FakeEvaluator()).run_once()
+    with transaction(factory) as s:  # tomorrow's traffic: other prompts, same lengths, so the same class
+        tomorrow = tuning.create_traffic(s, [replace(r, prompt=r.prompt + "!") for r in REQUESTS])
+        other = tuning.create_traffic(s, [replace(r, output_tokens=2000) for r in REQUESTS])
+        today = s.get(JobRow, job).traffic_id
+        assert tomorrow.workload_class == s.get(TrafficSampleRow, today).workload_class
+        assert other.workload_class != tomorrow.workload_class
+        ids = (tomorrow.id, tomorrow.fingerprint, other.id, s.get(TrafficSampleRow, today).fingerprint)
+    with factory() as s:
+        for workload in ids[:2]:
+            rec = recommendations.find(s, model="org/m", engine=Engine.SIMULATED, workload=workload)
+            assert rec["provenance"]["job_id"] == job and rec["matched_by"] == "workload_class"
+            assert rec["measured_on"]["traffic_id"] == today  # says which sample it was measured on
+        with pytest.raises(NotFound):
+            recommendations.find(s, model="org/m", engine=Engine.SIMULATED, workload=ids[2])
+        rec = recommendations.find(s, model="org/m", engine=Engine.SIMULATED, workload=ids[3])
+        assert rec["matched_by"] == "fingerprint"
+
+
+def test_the_serving_configuration_is_part_of_the_key(db_url: str) -> None:
+    factory = make_session_factory(make_engine(db_url))
+    plain = submit(factory)
+    runner(factory, ListPlanner(SPECS), FakeEvaluator()).run_once()
+    with transaction(factory) as s:  # the same model tuned again for a TP=2, fp8-KV production setup
+        traffic = tuning.create_traffic(s, REQUESTS)
+        serving = ServingConfig(args={"tensor_parallel_size": 2, "kv_cache_dtype": "fp8"})
+        tp2, _ = tuning.submit_job(
+            s,
+            JobSpec(ModelRef("org/m"), traffic.id, engine=Engine.SIMULATED, levels=LEVELS, serving=serving),
+        )
+        tp2 = tp2.id
+    runner(factory, ListPlanner(SPECS[:1]), FakeEvaluator()).run_once()
+    with factory() as s:
+        newest = recommendations.find(s, model="org/m", engine=Engine.SIMULATED)
+        assert newest["provenance"]["job_id"] == tp2
+        assert "--tensor-parallel-size" in newest["serve_args"] and newest["history"] == []
+        (other,) = newest["other_serving_configs"]
+        assert other["job_id"] == plain
+        by_key = recommendations.find(s, model="org/m", engine=Engine.SIMULATED, serving=other["serving_key"])
+        assert by_key["provenance"]["job_id"] == plain and "--tensor-parallel-size" not in by_key["serve_args"]
+        with pytest.raises(NotFound):
+            recommendations.find(s, model="org/m", engine=Engine.SIMULATED, serving="0" * 64)
+
+
 def test_retention_deletes_prompts_keeps_stats(db_url: str) -> None:
     factory = make_session_factory(make_engine(db_url))
     with transaction(factory) as s:
-        from tests.runner.test_job_runner import REQUESTS
-
         row = tuning.create_traffic(s, REQUESTS, retention_days=1)
         sid, fp = row.id, row.fingerprint
     with transaction(factory) as s:

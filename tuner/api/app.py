@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from tuner.api import errors
+from tuner.api.limits import BodyLimit
 from tuner.api.metrics import StoreCollector
 from tuner.api.routes import health, recommendation, traffic, tune
 from tuner.settings import AuthMode, Settings
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None, *, background: BackgroundFactor
         lifespan=lifespan,
     )
     errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_traffic_bytes + settings.max_request_overhead_bytes)
     for module in (tune, traffic, recommendation, health):
         app.include_router(module.router)
     return app

@@ -9,7 +9,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tuner.domain import JobStatus
+from tuner.domain import JobStatus, TrialStatus
 from tuner.store.models import JobRow, TrialRow
 
 DURATION_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0)
@@ -42,7 +42,11 @@ class StoreCollector(Collector):
         )
         agg_run: dict[tuple[str, str], int] = {}
         agg_fail: dict[tuple[str, str], int] = {}
+        running = 0
         for engine, status, cls, n in trials:
+            if not TrialStatus(status).is_finished():
+                running += n
+                continue
             agg_run[(engine or "", status)] = agg_run.get((engine or "", status), 0) + n
             if cls:
                 agg_fail[(engine or "", cls)] = agg_fail.get((engine or "", cls), 0) + n
@@ -52,6 +56,7 @@ class StoreCollector(Collector):
             failed.add_metric([engine, cls], n)
         yield run
         yield failed
+        yield GaugeMetricFamily("tuner_trials_running", "Trials running now", value=running)
         h = HistogramMetricFamily("tuner_trial_duration_seconds", "Trial wall time", labels=["engine"])
         by_engine: dict[str, list[float]] = {}
         for engine, d in durations:

@@ -135,7 +135,12 @@ class TuneIn(Strict):
     search: SearchIn = Field(default_factory=SearchIn)
     serving: ServingIn = Field(default_factory=ServingIn)
     hf_config: dict[str, Any] | None = Field(default=None, description="The model's config.json, if not on workers.")
-    confirm_runs: int | None = Field(default=None, ge=1, le=10)
+    confirm_runs: int | None = Field(
+        default=None,
+        ge=3,
+        le=10,
+        description="Fresh-server re-measurements of the baseline, the winner and the schedule (at least 3).",
+    )
     correctness_prompts: int = Field(default=4, ge=0, le=64)
     seed: int = Field(default=0, ge=0)
 

@@ -7,7 +7,16 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+def _migrations_dir() -> Path:
+    """The top-level migrations/ of a source checkout, else the copy a wheel ships as ``tuner._migrations``."""
+    checkout = Path(__file__).resolve().parents[2] / "migrations"
+    if (checkout / "env.py").exists():
+        return checkout
+    return Path(__file__).resolve().parents[1] / "_migrations"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 VERSION_TABLE = "tuner_alembic_version"  # Optuna keeps Alembic's default alembic_version for itself
 
 

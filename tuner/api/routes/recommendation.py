@@ -24,6 +24,10 @@ def get_recommendation(
     ] = None,
     engine: Annotated[Engine, Query(description="Simulated results answer only when asked for")] = Engine.VLLM,
     revision: Annotated[str | None, Query(max_length=200)] = None,
+    serving_key: Annotated[
+        str | None,
+        Query(pattern=r"^[0-9a-f]{64}$", description="The production serving configuration's key (serving_key)"),
+    ] = None,
 ) -> dict[str, Any]:
     return recommendations.find(
         session,
@@ -33,4 +37,5 @@ def get_recommendation(
         workload=workload,
         engine=engine,
         revision=revision,
+        serving=serving_key,
     )

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Response, status
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from tuner import tuning
 from tuner.api.deps import CanRead, CanTune, SessionDep, SettingsDep
 from tuner.api.schemas import JobOut, TrialOut, TuneIn
-from tuner.domain import Engine, JobSpec, ModelRef, SpecConfig, from_jsonable
+from tuner.domain import Engine, JobSpec, ModelRef, SpecConfig, TrafficRequest, fingerprint, from_jsonable
 from tuner.errors import InvalidInput
+from tuner.settings import Settings
 from tuner.store.models import JobRow, TrialRow
-from tuner.traffic import TrafficError, requests_from_json
+from tuner.traffic import TrafficError, parse_items
 
 router = APIRouter(tags=["tune"])
 
@@ -71,23 +74,63 @@ def create_tune_job(
     session: SessionDep,
     settings: SettingsDep,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobOut:
-    """Queue a tune job. Returns 202 with the job and its Location; an Idempotency-Key makes retries safe."""
+    """Queue a tune job. Returns 202 with the job and its Location; an Idempotency-Key makes retries safe.
+
+    A retry with the same key and the same body returns the first job (200); the same key with another body
+    is a 409. The key is matched on the body as sent, so inline traffic does not make a retry look new.
+    """
     if body.trust_remote_code and not settings.allow_trust_remote_code:
         raise InvalidInput(
             "trust_remote_code is disabled on this server (TUNER_ALLOW_TRUST_REMOTE_CODE)",
             errors=[{"field": "trust_remote_code", "message": "not allowed by the server's settings"}],
         )
+    request_fp = fingerprint(body.model_dump(mode="json"))
+    if idempotency_key:
+        existing = tuning.job_for_idempotency_key(session, idempotency_key, request_fp)
+        if existing is not None:
+            return _located(job_out(existing), response, created=False)
+    try:
+        row, created = _submit(body, session, settings, idempotency_key, request_fp)
+    except IntegrityError:
+        # A twin POST with the same key committed first: drop this attempt (its inline sample too), answer theirs.
+        session.rollback()
+        existing = tuning.job_for_idempotency_key(session, idempotency_key, request_fp) if idempotency_key else None
+        if existing is None:
+            raise
+        return _located(job_out(existing), response, created=False)
+    return _located(job_out(row), response, created=created)
+
+
+def _located(job: JobOut, response: Response, *, created: bool) -> JobOut:
+    response.headers["Location"] = f"/tune/{job.id}"
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return job
+
+
+def _inline_traffic(items: list[dict[str, Any]], settings: Settings) -> list[TrafficRequest]:
+    if len(items) > settings.max_inline_requests:
+        raise InvalidInput(
+            f"too many inline requests ({len(items)} > {settings.max_inline_requests}); upload them with POST /traffic",
+            errors=[{"field": "traffic", "message": "too many inline requests"}],
+        )
+    try:
+        return parse_items(items)
+    except TrafficError as e:
+        raise InvalidInput(
+            f"traffic: {e}",
+            errors=[{"field": f"traffic.{le.line - 1}", "item": le.line - 1, "message": le.message} for le in e.errors]
+            or [{"field": "traffic", "message": str(e)}],
+        ) from None
+
+
+def _submit(
+    body: TuneIn, session: Session, settings: Settings, idempotency_key: str | None, request_fp: str
+) -> tuple[JobRow, bool]:
     if isinstance(body.traffic, list):
-        if len(body.traffic) > settings.max_inline_requests:
-            raise InvalidInput("too many inline requests", errors=[{"field": "traffic"}])
-        try:
-            requests = requests_from_json(body.traffic)
-        except (TrafficError, ValueError) as e:
-            raise InvalidInput(f"traffic: {e}", errors=[{"field": "traffic", "message": str(e)}]) from None
-        if not requests:
-            raise InvalidInput("traffic holds no usable request", errors=[{"field": "traffic"}])
+        requests = _inline_traffic(body.traffic, settings)
         traffic_id = tuning.create_traffic(session, requests, retention_days=settings.traffic_retention_days).id
     else:
         traffic_id = body.traffic
@@ -111,11 +154,7 @@ def create_tune_job(
         correctness_prompts=body.correctness_prompts,
         seed=body.seed,
     )
-    row, created = tuning.submit_job(session, spec, idempotency_key=idempotency_key)
-    response.headers["Location"] = f"/tune/{row.id}"
-    if not created:
-        response.status_code = status.HTTP_200_OK
-    return job_out(row)
+    return tuning.submit_job(session, spec, idempotency_key=idempotency_key, request_fingerprint=request_fp)
 
 
 @router.get("/tune/{job_id}", dependencies=[CanRead], response_model=JobOut)
