@@ -587,6 +587,8 @@ class TrialResult:
     startup_s: float | None = None
     wall_s: float | None = None
     simulated: bool = False  # mirrors engine; kept explicit so no record can lose the label
+    # Earlier attempts of this trial lost to the infrastructure (a Ray worker or node) and retried, oldest first.
+    retried_failures: tuple[Failure, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", TrialStatus(self.status))
@@ -803,3 +805,5 @@ class JobSpec:
     confirm_runs: int = 3
     correctness_prompts: int = 4
     seed: int = 0
+    level_weights: Mapping[str, float] | None = None  # level label -> share of production traffic
+    compat_overrides: Mapping[str, bool] = field(default_factory=dict)  # method -> allow (True) / exclude

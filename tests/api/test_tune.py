@@ -115,6 +115,9 @@ def test_inline_traffic_errors_name_the_items(api: Api) -> None:
         ({"model": ""}, "model"),
         ({"request_rate": [1.0]}, "body"),
         ({"trust_remote_code": True}, "trust_remote_code"),
+        ({"level_weights": {"c3": 1.0}}, "level_weights"),
+        ({"level_weights": {"c1": 0.0}}, "level_weights"),
+        ({"search": {"compat_overrides": {"suffix": "yes please"}}}, "search.compat_overrides"),
     ],
 )
 def test_bad_input_is_422_naming_the_field(api: Api, patch: dict, field: str) -> None:
@@ -140,6 +143,23 @@ def test_serving_allowlist_accepts_known_args(api: Api) -> None:
     }
     r = api.client.post("/tune", json=body(upload(api), serving=serving, hardware="mi300x"), headers=api.tune)
     assert r.status_code == 202, r.text
+
+
+def test_level_weights_and_compat_overrides_reach_the_job(api: Api) -> None:
+    from tuner import tuning
+    from tuner.store.db import make_engine, make_session_factory
+
+    extra = {"level_weights": {"1": 3.0, "c8": 1.0}, "search": {"compat_overrides": {"suffix": True, "eagle": False}}}
+    r = api.client.post("/tune", json=body(upload(api)) | extra, headers=api.tune)
+    assert r.status_code == 202, r.text
+    engine = make_engine(api.settings.db_url)
+    try:
+        with make_session_factory(engine)() as s:
+            spec = tuning.job_spec(tuning.get_job(s, r.json()["id"]))
+    finally:
+        engine.dispose()
+    assert spec.level_weights == {"c1": 3.0, "c8": 1.0}
+    assert spec.compat_overrides == {"suffix": True, "eagle": False}
 
 
 def test_unknown_ids_are_404(api: Api) -> None:

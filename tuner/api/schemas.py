@@ -49,6 +49,11 @@ class SearchIn(Strict):
     methods: list[Method] | None = Field(default=None, min_length=1, description="Restrict the search to these.")
     depth_range: tuple[int, int] | None = Field(default=None, description="Inclusive [min, max] speculative depth.")
     drafts: dict[Method, list[str]] = Field(default_factory=dict, description="Draft checkpoints per method.")
+    compat_overrides: dict[Method, bool] = Field(
+        default_factory=dict,
+        description="Override the hardware/vLLM compatibility table (tuner/search/compat.py) for this job: "
+        "true runs a method the table excludes, false excludes one it allows.",
+    )
 
     @field_validator("depth_range")
     @classmethod
@@ -143,6 +148,11 @@ class TuneIn(Strict):
     )
     correctness_prompts: int = Field(default=4, ge=0, le=64)
     seed: int = Field(default=0, ge=0)
+    level_weights: dict[str, Annotated[float, Field(ge=0)]] | None = Field(
+        default=None,
+        description="Each load level's share of production traffic, keyed by level ('c8', 'r2.5', or the bare "
+        "concurrency '8'); the objective is the weighted geometric mean of per-level speedups. Default: equal.",
+    )
 
     @field_validator("traffic")
     @classmethod
@@ -159,6 +169,27 @@ class TuneIn(Strict):
         if kinds > 1:
             raise ValueError("give one of concurrency, request_rate or timed_replay")
         return self
+
+    @field_validator("level_weights")
+    @classmethod
+    def _weights(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return None
+        if not v or sum(v.values()) <= 0:
+            raise ValueError("level_weights must give at least one level a positive weight")
+        return {(f"c{k}" if k.isdigit() else k): w for k, w in v.items()}
+
+    def weights_for(self, levels: tuple[LoadLevel, ...]) -> dict[str, float] | None:
+        """The weights keyed by the levels' labels; an unknown key is an error naming it."""
+        if self.level_weights is None:
+            return None
+        labels = {lvl.label for lvl in levels}
+        unknown = sorted(set(self.level_weights) - labels)
+        if unknown:
+            raise ValueError(
+                f"level_weights names levels not measured: {', '.join(unknown)} (levels: {sorted(labels)})"
+            )
+        return dict(self.level_weights)
 
     def levels(self) -> tuple[LoadLevel, ...]:
         common = dict(num_requests=self.num_requests, warmup_requests=self.warmup_requests, duration_s=self.duration_s)

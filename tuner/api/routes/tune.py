@@ -136,6 +136,10 @@ def _submit(
         traffic_id = body.traffic
         requests = tuning.traffic_requests(session, traffic_id)
     levels = body.levels() or tuning.default_levels(len(requests), body.num_requests, body.warmup_requests)
+    try:
+        weights = body.weights_for(levels)
+    except ValueError as e:
+        raise InvalidInput(str(e), errors=[{"field": "level_weights", "message": str(e)}]) from None
     spec = JobSpec(
         model=ModelRef(body.model, body.revision, body.trust_remote_code),
         traffic_id=traffic_id,
@@ -153,6 +157,8 @@ def _submit(
         confirm_runs=body.confirm_runs or settings.confirm_runs,
         correctness_prompts=body.correctness_prompts,
         seed=body.seed,
+        level_weights=weights,
+        compat_overrides={m.value: allow for m, allow in body.search.compat_overrides.items()},
     )
     return tuning.submit_job(session, spec, idempotency_key=idempotency_key, request_fingerprint=request_fp)
 
