@@ -114,6 +114,15 @@ def run_bench(vllm_cli: list[str], base: str, model: str, dataset: Path, args: a
     }
 
 
+def _cpus(text: str) -> set[int]:
+    """'0', '0-3' or '0,2' -> a CPU set."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
@@ -127,7 +136,15 @@ def main() -> int:
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--repeats", type=int, default=4, help="alternate the two tools this many times each")
+    p.add_argument(
+        "--pin",
+        nargs=2,
+        metavar=("SERVER_CPUS", "CLIENT_CPUS"),
+        help="CPU affinity, e.g. '0' '1': the server's processes on the first set, both load generators on the "
+        "second, so neither client's own CPU cost is taken from the server (as on a GPU node with spare cores)",
+    )
     args = p.parse_args()
+    server_cpus, client_cpus = (_cpus(args.pin[0]), _cpus(args.pin[1])) if args.pin else (None, None)
 
     options = RunnerOptions(vllm_python=args.vllm_python)
     python = options.server_command()[0]
@@ -144,9 +161,16 @@ def main() -> int:
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")}
     if args.cpu:
         env.update(CPU_SERVER_ENV)
+    if server_cpus is not None:
+        # Children inherit the affinity at fork: the API server, EngineCore and its OpenMP threads (vLLM's
+        # "auto" binding picks from the allowed CPUs) stay on server_cpus.
+        env.update(VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, sorted(server_cpus))), VLLM_CPU_NUM_OF_RESERVED_CPU="0")
+        os.sched_setaffinity(0, server_cpus)
     rows: list[tuple[str, dict]] = []
     with VllmServer(argv, port=port, log_path=work / "server.log", env=env) as server:
         server.wait_ready(900)
+        if client_cpus is not None:
+            os.sched_setaffinity(0, client_cpus)  # this process's replay and the vllm bench child it starts
         base = server.base_url
         asyncio.run(our_replay(base, args.model, items[: args.concurrency * 8], args.concurrency))  # warm-up
         for rep in range(args.repeats):
@@ -158,8 +182,9 @@ def main() -> int:
         total = vllm_metrics.spec_decode_delta(vllm_metrics.MetricsSnapshot(), asyncio.run(snapshot(base)), 3)
         log_len, log_lines = log_acceptance(server.log_path.read_text(errors="replace"))
 
+    pinned = f"; server on CPUs {sorted(server_cpus)}, clients on {sorted(client_cpus)}" if args.pin else ""
     print(f"vLLM {python}; {args.num_prompts} prompts x {args.output_tokens} tokens, concurrency {args.concurrency}, "
-          f"{spec.label()}; work dir {work}\n")  # fmt: skip
+          f"{spec.label()}{pinned}; work dir {work}\n")  # fmt: skip
     print("| run | tool | output tok/s | mean TPOT ms | mean TTFT ms | mean ITL ms | acceptance length | errors |")
     print("|---|---|---|---|---|---|---|---|")
     per_run = len({t for t, _ in rows})

@@ -98,6 +98,7 @@ class JobRunner:
         kill_group: KillGroup = _kill_group,
         host_report: dict[str, Any] | None = None,
         hardware: Sequence[str] | None = None,
+        trial_deadline_s: float | None = None,
     ) -> None:
         self._factory = factory
         self._planner_factory = planner_factory
@@ -110,6 +111,7 @@ class JobRunner:
         self._kill_group = kill_group
         self._host_report = host_report
         self._hardware = hardware
+        self._trial_deadline_s = trial_deadline_s  # a trial still running this long is killed: TIMEOUT
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -285,6 +287,13 @@ class _JobRun:
         reference = next(
             (r.reference_outputs for r in self.results.values() if r.spec.is_off and r.reference_outputs), None
         )
+        hardware = spec.hardware
+        if hardware == "auto" and spec.engine is Engine.VLLM:
+            # An "auto" job stays on the chip its baseline ran on (stamped by the executor), also after a
+            # restart: its trials are compared with that baseline, and its recommendation is keyed by it.
+            hardware = next(
+                (r.hardware for _, r in sorted(self.results.items()) if r.hardware and r.hardware != "auto"), hardware
+            )
         trial = TrialSpec(
             model=spec.model,
             spec=proposal.spec,
@@ -292,11 +301,12 @@ class _JobRun:
             requests=tuple(requests),
             serving=spec.serving,
             slo=spec.slo,
-            hardware=spec.hardware,
+            hardware=hardware,
             correctness_prompts=spec.correctness_prompts,
             reference_outputs=None if proposal.spec.is_off else reference,
             job_id=self.job_id,
             number=proposal.number,
+            deadline_s=self.r._trial_deadline_s,
         )
 
         def on_started(pgid: int) -> None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,13 +21,13 @@ from tuner.domain import (
     Method,
     Planner,
     TrafficRequest,
-    TrialContext,
-    TrialResult,
-    TrialSpec,
 )
 from tuner.errors import InvalidInput
 from tuner.job_runner import JobRunner, TrialExecutor
 from tuner.settings import Settings
+
+if TYPE_CHECKING:
+    from tuner.workers.executors import EvaluatorRecipe
 
 log = logging.getLogger("tuner.wiring")
 
@@ -58,13 +59,46 @@ def _host_report(vllm_python: str | None) -> dict[str, Any]:
 
     report = host_report(vllm_version_probe=probe)
     data = report.to_dict()
-    data.setdefault("hardware", report.family() or "cpu")
+    data.setdefault("hardware", report.family())  # "cpu" without GPUs, None when they are mixed
     return data
 
 
+_RAY_REPORT_TTL_S = 300.0
+_ray_reports: dict[str | None, tuple[float, dict[str, Any]]] = {}
+
+
+def _ray_report(address: str | None) -> dict[str, Any]:
+    from tuner.workers.executors.ray_cluster import cluster_report, connect
+
+    cached = _ray_reports.get(address)
+    if cached is not None and time.monotonic() - cached[0] < _RAY_REPORT_TTL_S:
+        return cached[1]
+    connect(address)
+    report = cluster_report()
+    _ray_reports[address] = (time.monotonic(), report)
+    return report
+
+
 def host_report(settings: Settings) -> dict[str, Any]:
-    """What this worker reports: chip, count, memory, driver and vLLM version (cached per process)."""
+    """What this worker reports: chip, count, memory, driver and vLLM version (cached per process).
+
+    A Ray runner reports the cluster's GPU nodes (chip, count, memory, driver and vLLM version per node, as
+    each node detects them) instead of the driver's host; ``hardware`` is the cluster's family when it has
+    one, else None (``families`` lists them). Re-read every few minutes."""
+    if settings.executor == "ray":
+        return _ray_report(settings.ray_address)
     return _host_report(settings.vllm_python)
+
+
+def optuna_storage_url(settings: Settings) -> str:
+    """The store's URL for Optuna. On SQLite with the driver's ``timeout`` (seconds a writer waits for the
+    database lock) raised from pysqlite's 5 s to 30 s, as our own engine has it: several runners on one
+    SQLite file otherwise hit "database is locked". SQLAlchemy's pysqlite dialect reads ``timeout`` from the
+    URL, so this needs no Optuna import here (only tuner.search imports Optuna)."""
+    url = settings.db_url
+    if not url.startswith("sqlite") or "timeout=" in url:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}timeout=30"
 
 
 def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[TrafficRequest]) -> Planner:
@@ -80,7 +114,7 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
     else:
         report = host_report(settings)
         vllm_version = report.get("vllm_version")
-        hardware = spec.hardware if spec.hardware != "auto" else report.get("hardware", "auto")
+        hardware = spec.hardware if spec.hardware != "auto" else (report.get("hardware") or "auto")
     space = build_space(
         spec.model.name,
         config,
@@ -96,59 +130,36 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
         objective=spec.objective,
         slo=spec.slo,
         budget=spec.budget,
-        storage=settings.db_url,
+        storage=optuna_storage_url(settings),
         study_name=study_name(job_id),
         seed=spec.seed,
         confirm_runs=spec.confirm_runs,
     )
 
 
-class PacedEvaluator:
-    """Makes each simulated trial take ``seconds`` of wall time (demos, recovery tests), honouring cancel.
+def simulated_recipe(spec: JobSpec, *, pace_s: float = 0.0, placeholder_process: bool = False) -> EvaluatorRecipe:
+    """The simulated engine of a job as a picklable recipe (built in a thread here, or on a Ray node): the
+    model profile is read here, once, so every node simulates the same model."""
+    from tuner.search import read_model_config
+    from tuner.workers.executors import EvaluatorRecipe
+    from tuner.workers.simulated import ModelProfile
 
-    With ``placeholder_process`` it also holds a real process group for the trial's duration and reports it
-    like a vLLM server's, so the recovery path (kill what a dead runner left) is exercised end to end.
-    """
-
-    def __init__(self, inner: Evaluator, seconds: float, *, placeholder_process: bool = False) -> None:
-        self.inner = inner
-        self.seconds = seconds
-        self.placeholder_process = placeholder_process
-
-    def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
-        import subprocess
-
-        proc = None
-        if self.placeholder_process:
-            proc = subprocess.Popen(["sleep", str(int(self.seconds) + 600)], start_new_session=True)
-            if ctx is not None:
-                ctx.on_process_started(proc.pid)
-        try:
-            deadline = time.monotonic() + self.seconds
-            while time.monotonic() < deadline:
-                if ctx is not None and ctx.is_cancelled():
-                    break
-                time.sleep(0.05)
-            return self.inner(spec, ctx)
-        finally:
-            if proc is not None:
-                from tuner.workers.vllm_server import kill_process_group
-
-                kill_process_group(proc.pid, grace_s=2.0)
-                proc.wait()
+    config = read_model_config(spec.model.name, supplied=spec.model_config, revision=spec.model.revision)
+    options = {
+        "model": ModelProfile.from_hf_config(config) if config else None,
+        "seed": spec.seed,
+        "hardware": spec.hardware if spec.hardware != "auto" else "simulated",
+        "vllm_version": "simulated",
+        "pace_s": pace_s,
+        "placeholder_process": placeholder_process,
+    }
+    return EvaluatorRecipe(Engine.SIMULATED, options)
 
 
 def simulated_evaluator(spec: JobSpec, *, pace_s: float = 0.0, placeholder_process: bool = False) -> Evaluator:
-    from tuner.search import read_model_config
-    from tuner.workers.simulated import ModelProfile, SimulatedEngine
+    from tuner.workers.executors import build_evaluator
 
-    config = read_model_config(spec.model.name, supplied=spec.model_config, revision=spec.model.revision)
-    profile = ModelProfile.from_hf_config(config) if config else None
-    hardware = spec.hardware if spec.hardware != "auto" else "simulated"
-    engine: Evaluator = SimulatedEngine(profile, seed=spec.seed, hardware=hardware, vllm_version="simulated")
-    if pace_s > 0 or placeholder_process:
-        return PacedEvaluator(engine, pace_s, placeholder_process=placeholder_process)
-    return engine
+    return build_evaluator(simulated_recipe(spec, pace_s=pace_s, placeholder_process=placeholder_process))
 
 
 def runner_options(settings: Settings, log_dir: Path) -> dict[str, Any]:
@@ -170,29 +181,69 @@ def runner_options(settings: Settings, log_dir: Path) -> dict[str, Any]:
 
 
 def make_executor(settings: Settings, spec: JobSpec) -> TrialExecutor:
-    from tuner.workers.executors import EvaluatorRecipe, LocalExecutor
+    """The executor one job's trials run on.
+
+    ``TUNER_EXECUTOR=ray``: a Ray executor for the job's hardware, for vLLM and simulated jobs alike (the
+    recipe carries the engine; simulated trials then take GPUs of the job's chip like real ones). A
+    simulated job for a chip the cluster lacks runs on this host's CPU instead, as it would locally (the
+    simulated engine stands in for any chip). Otherwise a local executor on this host's GPUs. On the SQLite
+    store a local executor runs one trial at a time: SQLite takes one writer at a time, and parallel trials
+    on one file (several runners, Optuna's storage) end in "database is locked"; use PostgreSQL for
+    parallel trials.
+    """
+    from tuner.workers.executors import EvaluatorRecipe, LocalExecutor, build_evaluator
 
     log_dir = settings.log_dir
     lease_dir = settings.data_dir / "gpu-leases"
+    one_at_a_time = 1 if settings.db_url.startswith("sqlite") else None
     if spec.engine is Engine.SIMULATED:
-        evaluator = simulated_evaluator(
+        recipe = simulated_recipe(
             spec, pace_s=settings.simulated_trial_s, placeholder_process=settings.simulated_placeholder_process
         )
+        if settings.executor == "ray" and _ray_has(settings, spec.hardware):
+            from tuner.workers.executors import RayExecutor
+
+            return RayExecutor(recipe, address=settings.ray_address, hardware=spec.hardware)
         # The simulated engine stands in for the requested chip, whatever this host has.
         family = None if spec.hardware == "auto" else spec.hardware
         return LocalExecutor(
-            evaluator, gpus=[], lease_dir=lease_dir, hardware=spec.hardware, family=family, engine=Engine.SIMULATED
+            build_evaluator(recipe),
+            gpus=[],
+            lease_dir=lease_dir,
+            hardware=spec.hardware,
+            family=family,
+            engine=Engine.SIMULATED,
         )
     options = runner_options(settings, log_dir)
     if settings.executor == "ray":
         from tuner.workers.executors import RayExecutor
 
         return RayExecutor(EvaluatorRecipe(Engine.VLLM, options), address=settings.ray_address, hardware=spec.hardware)
-    from tuner.workers.executors import build_evaluator
-
     evaluator = build_evaluator(EvaluatorRecipe(Engine.VLLM, options))
     gpus = [int(g) for g in settings.gpus.split(",")] if settings.gpus else ([] if settings.cpu_vllm else None)
-    return LocalExecutor(evaluator, gpus=gpus, lease_dir=lease_dir, hardware=spec.hardware, engine=Engine.VLLM)
+    return LocalExecutor(
+        evaluator,
+        gpus=gpus,
+        lease_dir=lease_dir,
+        hardware=spec.hardware,
+        engine=Engine.VLLM,
+        max_parallel=one_at_a_time,
+    )
+
+
+def _ray_has(settings: Settings, hardware: str) -> bool:
+    """True when the Ray cluster has GPU nodes of ``hardware`` (any GPU node of a known chip for "auto")."""
+    from tuner.workers.executors.ray_cluster import cluster_families, connect
+    from tuner.workers.hardware import canonical_family
+
+    connect(settings.ray_address)
+    families = cluster_families()
+    if hardware == "auto":
+        return bool(families)
+    if canonical_family(hardware) in families:
+        return True
+    log.warning("the Ray cluster has no %s GPUs (%s): the simulated job runs on this host's CPU", hardware, families)
+    return False
 
 
 def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: bool = True) -> JobRunner:
@@ -208,12 +259,22 @@ def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: b
         log_dir=settings.log_dir,
         host_report=report_data,
         hardware=claimable_hardware(settings, report_data),
+        trial_deadline_s=settings.trial_deadline_s,
     )
 
 
-def claimable_hardware(settings: Settings, report: dict[str, Any] | None) -> list[str] | None:
-    """The chips a runner claims jobs for: its own GPUs' family locally; anything behind a Ray cluster."""
-    if settings.executor == "ray" or report is None:
+def claimable_hardware(settings: Settings, report: dict[str, Any] | None) -> Sequence[str] | None:
+    """The chips a runner claims jobs for (besides "auto" and simulated jobs).
+
+    Locally: its GPUs' family (each family on a mixed host; None without a report: anything). With Ray: the
+    families of the cluster's GPU nodes, read from their accelerator types and re-read as nodes join and
+    leave, so a Ray runner never claims a job for a chip its cluster lacks."""
+    if settings.executor == "ray":
+        from tuner.workers.executors.ray_cluster import ClusterHardware
+
+        return ClusterHardware(settings.ray_address)
+    if report is None:
         return None
+    families = sorted({g["family"] for g in report.get("gpus") or () if g.get("family")})
     family = report.get("hardware")
-    return [family] if family else []
+    return families or ([family] if family else [])

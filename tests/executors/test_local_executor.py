@@ -17,6 +17,7 @@ from tuner.workers.executors.testing import (
     wait_for,
 )
 from tuner.workers.gpu_lease import GpuLease
+from tuner.workers.hardware import GpuInfo
 
 
 def test_trials_get_disjoint_groups_and_parallelism_is_bounded(tmp_path):
@@ -144,3 +145,76 @@ def test_close_cancels_running_trials(tmp_path):
     assert fut.result(timeout=5).status is TrialStatus.CANCELLED
     assert queued.result(timeout=5).status is TrialStatus.CANCELLED
     assert ex.free_slots() == 0
+
+
+def _gpus(*families: str) -> list[GpuInfo]:
+    return [GpuInfo(i, "amd", f"AMD Instinct {f.upper()}", f) for i, f in enumerate(families)]
+
+
+def test_one_family_of_a_mixed_host(tmp_path):
+    host = _gpus("mi300x", "mi300x", "mi325x")
+    auto = LocalExecutor(FailingEvaluator(), lease_dir=tmp_path, detect=lambda: host)
+    assert auto.gpus == (0, 1) and auto.family == "mi300x"  # the most numerous family, never both
+    one = LocalExecutor(FailingEvaluator(), lease_dir=tmp_path, hardware="mi325x", detect=lambda: host)
+    assert one.gpus == (2,) and one.family == "mi325x"
+    # TUNER_GPUS names ids; detection names their chip
+    named = LocalExecutor(FailingEvaluator(), gpus=[2], lease_dir=tmp_path, detect=lambda: host)
+    assert named.family == "mi325x"
+    with pytest.raises(HardwareMismatch):
+        LocalExecutor(FailingEvaluator(), lease_dir=tmp_path, hardware="mi355x", detect=lambda: host)
+    with pytest.raises(HardwareMismatch):
+        LocalExecutor(FailingEvaluator(), gpus=[0, 1], lease_dir=tmp_path, hardware="mi325x", detect=lambda: host)
+
+
+def test_an_auto_trial_is_stamped_with_the_chip_that_ran_it(tmp_path):
+    # The vLLM runner echoes the job's hardware ("auto"); the record must name the chip instead.
+    ex = LocalExecutor(
+        SleepEvaluator(0.05, echo_hardware=True), lease_dir=tmp_path, detect=lambda: _gpus("mi355x", "mi355x")
+    )
+    try:
+        auto = ex.submit(make_spec(0, hardware="auto"), TrialContext()).result(timeout=30)
+        named = ex.submit(make_spec(1, hardware="MI355X"), TrialContext()).result(timeout=30)
+    finally:
+        ex.close()
+    assert auto.status is TrialStatus.SUCCEEDED and auto.hardware == "mi355x"
+    assert named.hardware == "MI355X"  # what the evaluator said, when it said a chip, is kept
+
+
+def test_max_parallel_runs_trials_one_at_a_time(tmp_path):
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    ex = LocalExecutor(
+        lambda: SleepEvaluator(0.3, record_dir=str(rec)),
+        gpus=[0, 1, 2, 3],
+        lease_dir=tmp_path / "lease",
+        family="mi300x",
+        max_parallel=1,
+    )
+    try:
+        assert ex.free_slots(1) == 1
+        futures = [ex.submit(make_spec(i), TrialContext()) for i in range(3)]
+        assert ex.free_slots(1) == 0
+        results = [f.result(timeout=60) for f in futures]
+        assert ex.free_slots(1) == 1
+    finally:
+        ex.close()
+    assert [r.status for r in results] == [TrialStatus.SUCCEEDED] * 3
+    starts = sorted(read_records(rec, "start"), key=lambda s: s["t"])
+    dones = {d["pgid"]: d["t"] for d in read_records(rec, "done")}
+    for a, b in zip(starts, starts[1:], strict=False):
+        assert dones[a["pgid"]] <= b["t"]  # each started after the previous one ended
+
+
+def test_the_lease_names_the_trials_process_group_while_it_runs(tmp_path):
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    ex = LocalExecutor(lambda: SleepEvaluator(30, record_dir=str(rec)), gpus=[0], lease_dir=tmp_path, family="h100")
+    try:
+        fut = ex.submit(make_spec(0), TrialContext())
+        (start,) = wait_for(lambda: read_records(rec, "start"), 10, "the trial to start")
+        lock = tmp_path / "gpu-0.lock"
+        wait_for(lambda: f"pgid={start['pgid']}" in lock.read_text(), 10, "the pgid in the lease file")
+    finally:
+        ex.close()
+    assert fut.result(timeout=10).status is TrialStatus.CANCELLED
+    assert lock.read_text() == ""  # released cleanly: nothing left to keep the GPU busy

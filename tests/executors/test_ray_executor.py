@@ -122,6 +122,9 @@ def test_worker_killed_mid_trial_is_retried_elsewhere_and_its_processes_killed(r
         lost, retry = ex.history
         assert lost.pgids == (first["pgid"],)
         assert retry.where != lost.where  # retried on the other MI300X node
+        # The lost attempt is on the result, so the stored trial shows an infrastructure failure was retried.
+        (retried,) = result.retried_failures
+        assert retried.cls is FailureClass.INFRA and lost.where[:12] in retried.reason
         # Ray's resource view catches up with the finished task within a heartbeat or two.
         wait_for(lambda: ex.free_slots(1) == 3, 30, "all three MI300X GPUs to be free again")
     finally:
@@ -146,6 +149,7 @@ def test_lost_twice_is_an_infrastructure_failure(ray_cluster, tmp_path):
         result = future.result(timeout=120)
         assert result.status is TrialStatus.FAILED and result.failure.cls is FailureClass.INFRA
         assert result.engine is Engine.SIMULATED
+        assert [f.cls for f in result.retried_failures] == [FailureClass.INFRA]  # the first loss, retried
         for s in read_records(tmp_path, "start"):
             wait_for(lambda s=s: group_gone(s["pgid"]), 30, "process groups of both attempts to be killed")
         assert read_records(tmp_path, "done") == []
@@ -194,8 +198,44 @@ def test_evaluator_error_is_internal_failure(ray_cluster, tmp_path):
     assert [h.outcome for h in ex.history] == ["error"]
 
 
+def test_auto_trials_never_mix_chips_and_are_stamped_with_theirs(ray_cluster, tmp_path):
+    """An "auto" executor (one per job) pins its "auto" trials to one family, the one with the most free
+    GPUs (MI300X: 3 against the H100's 1), even when they are submitted at once; the results name that
+    chip although the evaluator echoes "auto", as the vLLM runner does."""
+    ex = RayExecutor(sleep_recipe(tmp_path, duration_s=0.5, echo_hardware=True), hardware="auto")
+    try:
+        # any GPU node counts until the first "auto" trial pins a family (once earlier tests' tasks are gone)
+        wait_for(lambda: ex.free_slots(1) == 4, 30, "the cluster's four GPUs to be free")
+        futures = [ex.submit(make_spec(i, hardware="auto"), TrialContext()) for i in range(5)]
+        results = [f.result(timeout=120) for f in futures]
+        wait_for(lambda: ex.free_slots(1) == 3, 30, "the pinned family's three GPUs to be free")
+    finally:
+        ex.close()
+    assert [r.status for r in results] == [TrialStatus.SUCCEEDED] * 5
+    assert {r.hardware for r in results} == {"mi300x"}
+    mi300x = {ray_cluster.node_id("mi300x-oam"), ray_cluster.node_id("mi300x-hf")}
+    assert {s["node_id"] for s in read_records(tmp_path, "start")} <= mi300x
+
+
+def test_cluster_families_and_report(ray_cluster):
+    from tuner.workers.executors.ray_cluster import ClusterHardware, cluster_families, cluster_report
+
+    assert {"mi300x", "h100"} <= set(cluster_families())
+    assert {"mi300x", "h100"} <= set(ClusterHardware(None))
+    report = cluster_report(timeout_s=60)
+    nodes = {n["node_id"]: n for n in report["nodes"]}
+    oam = nodes[ray_cluster.node_id("mi300x-oam")]
+    assert oam["hardware"] == "mi300x" and oam["gpu_count"] == 2 and oam["accelerator_types"] == [MI300X_OAM]
+    assert nodes[ray_cluster.node_id("h100")]["hardware"] == "h100"
+    assert ray_cluster.node_id("mi300x-hf") in nodes and len(report["nodes"]) >= 3  # the head has no GPUs
+    assert report["executor"] == "ray" and report["hardware"] is None  # two chips: no single family
+    assert {"mi300x", "h100"} <= set(report["families"]) and report["gpu_count"] >= 4
+    # What each node detected itself (no amd-smi here: memory unknown, still reported as such)
+    assert all({"memory_mib", "driver", "vllm_version"} <= set(n) for n in report["nodes"])
+
+
 def test_node_types_and_labels_are_read(ray_cluster):
-    from tuner.workers.executors.ray_executor import cluster_nodes
+    from tuner.workers.executors.ray_cluster import cluster_nodes
 
     by_id = {n.node_id: n for n in cluster_nodes()}
     oam = by_id[ray_cluster.node_id("mi300x-oam")]

@@ -80,6 +80,9 @@ def test_real_vllm_trial_through_ray(ray_cluster, vllm_python, tiny_model, tmp_p
     assert result.status is TrialStatus.SUCCEEDED, result.failure
     assert result.engine is Engine.VLLM and not result.simulated
     assert result.vllm_version and result.worker
+    # The runner echoes the trial's "auto"; the record names the chip of the node that ran it (the
+    # executor pinned "auto" to the family with the most free GPUs: the cluster's MI300X nodes).
+    assert result.hardware == "mi300x" and result.retried_failures == ()
     (level,) = result.levels
     assert level.errors == 0 and level.output_tokens == 6 * 24
     assert level.spec_decode is not None and level.spec_decode.num_drafts > 0

@@ -125,3 +125,62 @@ def test_waiter_gets_group_when_released(tmp_path):
         assert _got(waiter) == (0, 1)
     finally:
         waiter.communicate("\n", timeout=10)
+
+
+# A worker that takes a GPU, starts a "server" in its own session (as vLLM runs), records its process group
+# in the lease, reports both, and waits to be killed.
+CRASHING_HOLDER = textwrap.dedent(
+    """
+    import subprocess, sys
+    from tuner.workers.gpu_lease import GpuLease
+    group = GpuLease(sys.argv[1]).acquire(1, range(2), timeout=5, label="crashing worker")
+    server = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    group.record_pgid(server.pid)
+    print("GOT", group.gpus[0], server.pid, flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_a_dead_workers_live_server_keeps_its_gpu_busy(tmp_path, caplog):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_HOLDER, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    _, gpu, pgid = holder.stdout.readline().split()
+    gpu, pgid = int(gpu), int(pgid)
+    lease = GpuLease(tmp_path)
+    try:
+        os.kill(holder.pid, signal.SIGKILL)  # the worker crashes: its flock goes, its server stays
+        holder.wait(timeout=10)
+        assert f"pgid={pgid}" in (tmp_path / f"gpu-{gpu}.lock").read_text()
+        with caplog.at_level("WARNING", logger="tuner.workers.gpu_lease"):
+            assert lease.free(range(2)) == (1 - gpu,)
+            assert lease.acquire(2, range(2), timeout=0) is None
+        assert any(str(pgid) in r.getMessage() and "still alive" in r.getMessage() for r in caplog.records)
+        assert f"pgid={pgid}" in lease.holders(range(2))[gpu]
+        other = lease.acquire(1, range(2), timeout=0)
+        assert other is not None and other.gpus == (1 - gpu,)
+        other.close()
+    finally:
+        os.killpg(pgid, signal.SIGKILL)  # what the job's next runner does when it recovers the job
+    deadline = time.monotonic() + 10
+    while lease.free(range(2)) != (0, 1):
+        assert time.monotonic() < deadline, "the GPU stayed busy after its server's group was killed"
+        time.sleep(0.05)
+    group = lease.acquire(2, range(2), timeout=0)
+    assert group is not None and "pgid=" not in (tmp_path / f"gpu-{gpu}.lock").read_text()
+    group.close()
+
+
+def test_a_clean_release_forgets_the_recorded_group(tmp_path):
+    lease = GpuLease(tmp_path)
+    server = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        group = lease.acquire(1, range(1), timeout=0)
+        group.record_pgid(server.pid)
+        assert lease.free(range(1)) == ()
+        group.close()  # the worker stopped its trial normally; the group is no concern of the lease any more
+        assert lease.free(range(1)) == (0,)
+    finally:
+        server.kill()
+        server.wait()

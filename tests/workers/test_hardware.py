@@ -206,6 +206,13 @@ def test_ray_accelerator_types():
     assert hw.ray_accelerator_types("auto") == ()
 
 
+def test_every_ray_type_maps_back_to_its_family():
+    # How a Ray runner names the chips of its cluster from the nodes' accelerator_type:<name> resources.
+    for family in [*hw.AMD_RAY_TYPES, "h100", "a100", "l40s"]:
+        for name in hw.ray_accelerator_types(family):
+            assert hw.family_of_ray_type(name) == family, (name, family)
+
+
 def test_ray_tables_agree_with_installed_ray():
     amd_gpu = pytest.importorskip("ray._private.accelerators.amd_gpu")
     for pci_id, ray_name in amd_gpu.amd_product_dict.items():

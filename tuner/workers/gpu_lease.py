@@ -3,21 +3,31 @@
 One lock file per GPU (``gpu-<index>.lock``) in a shared directory, held with ``fcntl.flock``. A flock
 belongs to the open file, so it is released when the group is closed, when the holder process dies (even
 by SIGKILL), and it excludes other threads of the same process too, because each acquisition opens the
-file anew. The holder writes its pid and a label into the file for people reading it; the lock, not the
-text, is what counts.
+file anew. The holder writes its pid and a label into the file for people reading it.
+
+The lock alone is not enough: a vLLM server runs in its own session and outlives a worker that crashed, so
+the GPUs are still in use after the flock went away. The holder therefore also writes the server's process
+group id into the file (``LeasedGroup.record_pgid``) and a GPU whose file names a live process group is busy
+even when its flock is free, until that group is gone (the job's next runner kills it when it recovers the
+job). A clean release empties the file.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 _POLL_S = 0.05
+_PGID_LINE = re.compile(r"^pgid=(\d+)$", re.MULTILINE)
+
+log = logging.getLogger(__name__)
 
 
 class LeasedGroup:
@@ -31,6 +41,14 @@ class LeasedGroup:
     @property
     def closed(self) -> bool:
         return not self._fds
+
+    def record_pgid(self, pgid: int) -> None:
+        """Note a process group (a server the trial started) in every lease file of the group, so that if
+        this process dies while the group lives on, the GPUs stay busy for everyone else."""
+        line = f"pgid={int(pgid)}\n".encode()
+        with self._lock:
+            for fd in self._fds.values():
+                os.pwrite(fd, line, os.fstat(fd).st_size)
 
     def close(self) -> None:
         with self._lock:
@@ -64,6 +82,8 @@ class GpuLease:
     def __init__(self, lease_dir: str | os.PathLike[str]):
         self.lease_dir = Path(lease_dir)
         self.lease_dir.mkdir(parents=True, exist_ok=True)
+        self._warned: set[tuple[int, int]] = set()
+        self._warned_lock = threading.Lock()
 
     def _path(self, gpu: int) -> Path:
         return self.lease_dir / f"gpu-{int(gpu)}.lock"
@@ -72,13 +92,31 @@ class GpuLease:
         fd = os.open(self._path(gpu), os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            orphan = _live_pgid(fd)
         except BlockingIOError:
             os.close(fd)
             return None
         except BaseException:
             os.close(fd)
             raise
+        if orphan is not None:  # the holder died, the server it started did not: still busy
+            _release(fd)
+            self._warn_orphan(gpu, orphan)
+            return None
         return fd
+
+    def _warn_orphan(self, gpu: int, pgid: int) -> None:
+        with self._warned_lock:
+            if (gpu, pgid) in self._warned:
+                return
+            self._warned.add((gpu, pgid))
+        log.warning(
+            "GPU %s is free in the lease but its file %s names process group %s, still alive (a worker died "
+            "and left its server running): treating the GPU as busy until that group is gone",
+            gpu,
+            self._path(gpu),
+            pgid,
+        )
 
     def try_acquire(self, n: int, among: Sequence[int], label: str = "") -> LeasedGroup | None:
         """One attempt: a group of ``n`` free GPUs (aligned blocks preferred), or None.
@@ -163,6 +201,30 @@ def _choose(n: int, free: list[int]) -> tuple[int, ...]:
         if free_set.issuperset(block):
             return block
     return tuple(free[:n])
+
+
+def _live_pgid(fd: int) -> int | None:
+    """The first process group named in a lease file that still has a live member, if any."""
+    text = os.pread(fd, 4096, 0).decode(errors="replace")
+    for match in _PGID_LINE.finditer(text):
+        pgid = int(match.group(1))
+        if _group_alive(pgid):
+            return pgid
+    return None
+
+
+def _group_alive(pgid: int) -> bool:
+    if pgid <= 1:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    from tuner.workers.vllm_server import group_members  # zombies do not hold GPUs
+
+    return bool(group_members(pgid))
 
 
 def _release(fd: int) -> None:

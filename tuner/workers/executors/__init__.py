@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.workers.executors._base import AttemptRecord, Executor, ExecutorClosed, HardwareMismatch
 from tuner.workers.executors.local import LocalExecutor
-from tuner.workers.executors.recipe import EvaluatorRecipe, build_evaluator
+from tuner.workers.executors.recipe import EvaluatorRecipe, PacedEvaluator, build_evaluator
 
 if TYPE_CHECKING:
     from tuner.workers.executors.ray_executor import RayExecutor
@@ -24,6 +24,7 @@ __all__ = [
     "ExecutorClosed",
     "HardwareMismatch",
     "LocalExecutor",
+    "PacedEvaluator",
     "RayExecutor",
     "build_evaluator",
 ]

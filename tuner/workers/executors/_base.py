@@ -6,7 +6,7 @@ import concurrent.futures
 import dataclasses
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tuner.domain import Engine, Failure, FailureClass, TrialContext, TrialResult, TrialSpec, TrialStatus
@@ -98,13 +98,25 @@ def failed_result(
 
 
 def with_origin(result: TrialResult, worker: str | None, hardware: str | None) -> TrialResult:
-    """Fill in where a result came from when the evaluator did not say."""
-    changes = {}
+    """Fill in where a result came from when the evaluator did not say.
+
+    ``hardware`` is the chip family of the GPUs (or node) the trial ran on. It replaces a missing value and
+    "auto" too: the vLLM runner echoes the job's request, and a job for "auto" must be recorded (and its
+    recommendation keyed) under the chip that actually ran it.
+    """
+    changes: dict[str, str] = {}
     if result.worker is None and worker:
         changes["worker"] = worker
-    if result.hardware is None and hardware:
+    if hardware and hardware != "auto" and (result.hardware or "auto").strip().lower() == "auto":
         changes["hardware"] = hardware
     return dataclasses.replace(result, **changes) if changes else result
+
+
+def with_retried(result: TrialResult, lost: Sequence[Failure]) -> TrialResult:
+    """The result with the attempts lost before it (and retried) on record, oldest first."""
+    if not lost:
+        return result
+    return dataclasses.replace(result, retried_failures=(*lost, *result.retried_failures))
 
 
 def resolved(result: TrialResult) -> concurrent.futures.Future[TrialResult]:

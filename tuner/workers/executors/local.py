@@ -26,7 +26,7 @@ from tuner.workers.executors._base import (
     with_origin,
 )
 from tuner.workers.gpu_lease import GpuLease, LeasedGroup
-from tuner.workers.hardware import canonical_family, detect_gpus, hardware_matches
+from tuner.workers.hardware import GpuInfo, canonical_family, detect_gpus, hardware_matches
 from tuner.workers.vllm_server import kill_process_group
 
 KILL_GRACE_S = 10.0  # SIGTERM-to-SIGKILL grace when an executor cleans up a trial's processes
@@ -53,7 +53,10 @@ class LocalExecutor(Executor):
     (amd-smi / rocm-smi / nvidia-smi); ``[]`` is a CPU-only host with one slot, itself leased so that two
     worker processes on one CPU host do not run two servers at once. ``hardware`` is the family this
     executor serves ("auto": whatever the host has); ``family`` names the GPUs when ``gpus`` is given
-    explicitly (else they are detected).
+    explicitly (else they are detected). The executor uses the GPUs of one family only: the requested one,
+    or for "auto" the host's most numerous one, so a job never mixes chips even on a mixed host; results
+    are stamped with that family. ``max_parallel`` caps the trials running at once (1 on an SQLite store,
+    which serialises writers), on top of the GPU bound.
     """
 
     def __init__(
@@ -65,16 +68,19 @@ class LocalExecutor(Executor):
         hardware: str = "auto",
         family: str | None = None,
         engine: Engine | None = None,
+        max_parallel: int | None = None,
         hang_grace_s: float = 10.0,
         cancel_grace_s: float = 30.0,
         poll_s: float = 0.1,
+        detect: Callable[[], Sequence[GpuInfo]] = detect_gpus,
     ) -> None:
         self._factory = _as_factory(evaluator)
         if gpus is None:
-            detected = detect_gpus()
-            gpus = [g.index for g in detected]
-            families = {g.family for g in detected}
-            family = family or (families.pop() if len(families) == 1 else None)
+            gpus, family = _one_family(detect(), family or hardware)
+        elif gpus and family is None:  # explicit ids (TUNER_GPUS): name them by detection when it knows them
+            named = {g.index: g for g in detect()}
+            if all(int(i) in named for i in gpus):
+                gpus, family = _one_family([named[int(i)] for i in gpus], hardware)
         self.gpus: tuple[int, ...] = tuple(sorted(set(int(g) for g in gpus)))
         self.cpu_only = not self.gpus
         if self.cpu_only:
@@ -89,6 +95,9 @@ class LocalExecutor(Executor):
         self.engine = engine or engine_of(evaluator)  # refined from the first evaluator built
         self._lease = GpuLease(Path(lease_dir) / "cpu") if self.cpu_only else GpuLease(lease_dir)
         self._among: tuple[int, ...] = (0,) if self.cpu_only else self.gpus
+        self.max_parallel = max_parallel
+        self._slots = threading.BoundedSemaphore(max_parallel) if max_parallel else None
+        self._active = 0  # submitted trials whose thread has not ended (a hung one: until its evaluator returns)
         self.hang_grace_s = hang_grace_s
         self.cancel_grace_s = cancel_grace_s
         self.poll_s = poll_s
@@ -109,8 +118,9 @@ class LocalExecutor(Executor):
             return 0
         with self._lock:
             waiting = sum(1 if self.cpu_only else t.tp for t in self._pending.values())
-        free = len(self._lease.free(self._among)) - waiting
-        return max(0, free // need)
+            capped = None if self.max_parallel is None else self.max_parallel - self._active
+        free = max(0, (len(self._lease.free(self._among)) - waiting) // need)
+        return max(0, free if capped is None else min(free, capped))
 
     def submit(self, spec: TrialSpec, ctx: TrialContext) -> concurrent.futures.Future[TrialResult]:
         if self._closed:
@@ -133,6 +143,7 @@ class LocalExecutor(Executor):
         trial.future.set_running_or_notify_cancel()
         with self._lock:
             self._pending[trial.key] = trial
+            self._active += 1
         thread = threading.Thread(target=self._run, args=(trial,), name=f"trial-{trial.key}", daemon=True)
         self._threads.append(thread)
         thread.start()
@@ -149,28 +160,59 @@ class LocalExecutor(Executor):
 
     # -- one trial ---------------------------------------------------------------------------------
     def _run(self, trial: _Trial) -> None:
+        slot = {"held": False, "counted": True}
+
+        def let_go() -> None:  # before resolving where possible, so free_slots agrees with the result
+            if slot["held"] and self._slots is not None:
+                self._slots.release()
+            slot["held"] = False
+            with self._lock:
+                if slot["counted"]:
+                    self._active -= 1
+                slot["counted"] = False
+
         try:
-            group = self._wait_for_group(trial)
+            slot["held"] = self._wait_for_slot(trial)
+            group = self._wait_for_group(trial) if slot["held"] else None
             if group is None:
+                let_go()
                 self._finish(trial, self._cancelled(trial, "cancelled before it started"), None, "cancelled")
                 return
             with group:
                 finished = self._execute(trial, group)
+            let_go()
             if finished is not None:  # resolved once the GPUs are free again, so free_slots agrees
                 self._finish(trial, *finished)
         except BaseException as exc:  # never leave a future unresolved
             log.exception("trial %s: executor error", trial.key)
+            let_go()
             if not trial.future.done():
                 result = failed_result(trial.spec, self.engine, FailureClass.INTERNAL, f"executor: {exc!r}")
                 self._finish(trial, result, None, "error")
+        finally:
+            let_go()
+
+    def _stop_waiting(self, trial: _Trial) -> bool:
+        if trial.kill.is_set() or _safe(trial.ctx.is_cancelled):
+            with self._lock:
+                self._pending.pop(trial.key, None)
+            return True
+        return False
+
+    def _wait_for_slot(self, trial: _Trial) -> bool:
+        """One of ``max_parallel`` slots (always True without a cap); False if cancelled while waiting."""
+        if self._slots is None:
+            return True
+        while not self._slots.acquire(timeout=0.5):
+            if self._stop_waiting(trial):
+                return False
+        return True
 
     def _wait_for_group(self, trial: _Trial) -> LeasedGroup | None:
         n = 1 if self.cpu_only else trial.tp
         label = f"job={trial.spec.job_id} trial={trial.spec.number}"
         while True:
-            if trial.kill.is_set() or _safe(trial.ctx.is_cancelled):
-                with self._lock:
-                    self._pending.pop(trial.key, None)
+            if self._stop_waiting(trial):
                 return None
             group = self._lease.acquire(n, self._among, timeout=0.5, label=label)
             if group is not None:
@@ -187,6 +229,10 @@ class LocalExecutor(Executor):
 
         def on_started(pgid: int) -> None:
             trial.pgids.append(pgid)
+            try:  # if this worker dies, the server's group keeps the GPUs busy for the others
+                group.record_pgid(pgid)
+            except OSError:
+                log.exception("trial %s: could not record pgid %s in the GPU lease", trial.key, pgid)
             _safe(lambda: trial.ctx.on_process_started(pgid))
 
         ctx = TrialContext(
@@ -277,6 +323,24 @@ class LocalExecutor(Executor):
             self.history.append(AttemptRecord(trial.key, 0, outcome, where, pgids=tuple(trial.pgids)))
         if not trial.future.done():
             trial.future.set_result(result)
+
+
+def _one_family(detected: Sequence[GpuInfo], wanted: str) -> tuple[list[int], str | None]:
+    """The GPUs of one family among ``detected``: the ``wanted`` one, or for "auto" the most numerous."""
+    by_family: dict[str, list[int]] = {}
+    for gpu in detected:
+        by_family.setdefault(gpu.family, []).append(gpu.index)
+    if not by_family:
+        return [], None
+    if wanted and wanted.strip().lower() != "auto":
+        family = canonical_family(wanted)
+        if family not in by_family:
+            raise HardwareMismatch(f"no {wanted!r} GPUs on this host (it has {', '.join(sorted(by_family))})")
+        return by_family[family], family
+    family = max(sorted(by_family), key=lambda f: len(by_family[f]))
+    if len(by_family) > 1:
+        log.warning("mixed GPUs on this host %s: an 'auto' job uses the %s GPUs only", sorted(by_family), family)
+    return by_family[family], family
 
 
 def _as_factory(evaluator: Evaluator | Callable[[], Evaluator]) -> Callable[[], Evaluator]:

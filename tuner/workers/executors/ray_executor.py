@@ -15,7 +15,14 @@ exists (label selector ``ray.io/node-id: !<node>``). The pgids travel through a 
 task calls from ``ctx.on_process_started``; they belong to the remote node, so they are not forwarded to
 the caller's ``ctx.on_process_started`` (a pgid means nothing on the driver's host). A trial still
 running at ``deadline_s`` (+ ``hang_grace_s``) after it started is force-cancelled (Ray kills the
-worker) and its process groups killed the same way.
+worker) and its process groups killed the same way. The lost first attempt stays on the result
+(``TrialResult.retried_failures``), so the stored trial shows that an infrastructure failure was retried.
+
+Hardware. A result is stamped with the family of the node it ran on (a job for "auto" is recorded under
+the chip that ran it). Trials that ask for "auto" never mix chips: the first one submitted pins the
+executor (one per job) to the family with the most free GPUs, and every later "auto" trial follows it.
+
+The driver's view of the cluster lives in :mod:`tuner.workers.executors.ray_cluster`.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import ray
 from ray import exceptions as rex
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from tuner.domain import FailureClass, TrialContext, TrialResult, TrialSpec, TrialStatus
+from tuner.domain import Failure, FailureClass, TrialContext, TrialResult, TrialSpec, TrialStatus
 from tuner.workers.executors._base import (
     AttemptRecord,
     Executor,
@@ -47,18 +54,24 @@ from tuner.workers.executors._base import (
     resolved,
     throttled,
     with_origin,
+    with_retried,
+)
+from tuner.workers.executors.ray_cluster import (
+    ACCELERATOR_LABEL,
+    ACCELERATOR_RESOURCE,
+    NODE_ID_LABEL,
+    NodeView,
+    cluster_nodes,
+    head_node_id,
 )
 from tuner.workers.executors.recipe import EvaluatorRecipe, build_evaluator
-from tuner.workers.hardware import canonical_family, family_of_ray_type, hardware_matches, ray_accelerator_types
+from tuner.workers.hardware import canonical_family, hardware_matches, ray_accelerator_types
 from tuner.workers.vllm_server import kill_process_group
 
 KILL_GRACE_S = 10.0  # SIGTERM-to-SIGKILL grace when an executor cleans up a trial's processes
 
 log = logging.getLogger(__name__)
 
-ACCELERATOR_LABEL = "ray.io/accelerator-type"
-NODE_ID_LABEL = "ray.io/node-id"
-ACCELERATOR_RESOURCE = "accelerator_type:"
 # A worker, its node or an object it held went away: the trial did not fail, its machine did.
 LOST = (
     rex.WorkerCrashedError,
@@ -139,62 +152,6 @@ _remote_trial = ray.remote(max_retries=0)(_trial_task)
 _remote_cleanup = ray.remote(num_cpus=0, max_retries=0)(_cleanup_task)
 
 
-# --------------------------------------------------------------------------------------------------
-# The cluster as the driver sees it
-# --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class NodeView:
-    node_id: str
-    host: str
-    accelerator_types: tuple[str, ...]  # from accelerator_type:<name> resources
-    label_type: str | None  # the ray.io/accelerator-type label
-    gpus_total: float
-    gpus_free: float
-
-    @property
-    def family(self) -> str | None:
-        names = [*self.accelerator_types, *([self.label_type] if self.label_type else [])]
-        return family_of_ray_type(names[0]) if names else None
-
-
-def cluster_nodes() -> list[NodeView]:
-    """Alive nodes with their accelerator types and free GPUs (per node, from Ray's resource view)."""
-    try:
-        from ray._private.state import available_resources_per_node
-
-        available = available_resources_per_node()
-    except Exception:  # private API; without it only the cluster total is known
-        available = None
-    out = []
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        total = node.get("Resources") or {}
-        free = (available or {}).get(node["NodeID"], {}) if available is not None else total
-        types = tuple(sorted(k[len(ACCELERATOR_RESOURCE) :] for k in total if k.startswith(ACCELERATOR_RESOURCE)))
-        out.append(
-            NodeView(
-                node_id=node["NodeID"],
-                host=node.get("NodeManagerHostname") or node.get("NodeManagerAddress") or "",
-                accelerator_types=types,
-                label_type=(node.get("Labels") or {}).get(ACCELERATOR_LABEL),
-                gpus_total=float(total.get("GPU", 0)),
-                gpus_free=float(free.get("GPU", 0)),
-            )
-        )
-    if available is None and out:
-        aggregate = float(ray.available_resources().get("GPU", 0))
-        out = [dataclasses.replace(n, gpus_free=min(n.gpus_total, aggregate)) for n in out]
-    return out
-
-
-def _head_node_id() -> str:
-    for node in ray.nodes():
-        if node.get("Alive") and "node:__internal_head__" in (node.get("Resources") or {}):
-            return node["NodeID"]
-    return ray.get_runtime_context().get_node_id()
-
-
 @dataclass
 class _Trial:
     key: str
@@ -207,6 +164,7 @@ class _Trial:
     family: str | None = None
     started_on: str | None = None  # node id once the current attempt runs
     lost_nodes: list[str] = field(default_factory=list)
+    lost: list[Failure] = field(default_factory=list)  # attempts lost and retried, for the result
 
 
 class RayExecutor(Executor):
@@ -249,13 +207,14 @@ class RayExecutor(Executor):
             self._owns_ray = True
         # The registry lives on the head node (whose loss ends the cluster anyway), never on a GPU node
         # that may die mid-trial with the pgids it holds.
-        head = NodeAffinitySchedulingStrategy(_head_node_id(), soft=True)
+        head = NodeAffinitySchedulingStrategy(head_node_id(), soft=True)
         self._registry = _Registry.options(scheduling_strategy=head).remote()
         self._lock = threading.Lock()
         self._trials: dict[str, _Trial] = {}
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._ids = itertools.count()
+        self._auto_family: str | None = None  # the family "auto" trials are pinned to, once chosen
         self.history: list[AttemptRecord] = []
 
     # -- cluster view ------------------------------------------------------------------------------
@@ -287,7 +246,9 @@ class RayExecutor(Executor):
             else:
                 mine[t.started_on] = mine.get(t.started_on, 0) + t.tp
         slots = 0
-        for node in self.matching_nodes():
+        # An "auto" executor whose trials are pinned to a family counts that family's GPUs only.
+        pinned = ray_accelerator_types(self._auto_family) if self.family is None and self._auto_family else None
+        for node in self.matching_nodes(pinned):
             # Ray's view lags a started task by up to a heartbeat: trust our own books where they say less.
             free = min(node.gpus_free, node.gpus_total - mine.get(node.node_id, 0))
             slots += int(free // tp)
@@ -299,12 +260,13 @@ class RayExecutor(Executor):
             raise ExecutorClosed("executor is closed")
         if self.family is not None and not hardware_matches(spec.hardware, self.family):
             raise HardwareMismatch(f"trial for {spec.hardware!r} submitted to a {self.hardware} executor")
-        # An "auto" executor routes each trial by its own hardware.
-        family = self.family or (None if spec.hardware in ("", "auto") else canonical_family(spec.hardware))
+        tp = spec.serving.tensor_parallel_size
+        # An "auto" executor routes each trial by its own hardware; "auto" trials follow one pinned family.
+        wants_auto = (spec.hardware or "auto").strip().lower() == "auto"
+        family = self.family or (self._pin_auto(tp) if wants_auto else canonical_family(spec.hardware))
         types = ray_accelerator_types(family) if family else ()
         if family and not types:
             raise HardwareMismatch(f"no Ray accelerator type known for hardware {spec.hardware!r}")
-        tp = spec.serving.tensor_parallel_size
         if not any(n.gpus_total >= tp for n in self.matching_nodes(types)):
             return resolved(
                 failed_result(
@@ -331,6 +293,30 @@ class RayExecutor(Executor):
         self._threads.append(thread)
         thread.start()
         return trial.future
+
+    def _pin_auto(self, tp: int) -> str | None:
+        """The family every "auto" trial of this executor runs on: chosen once, at the first such trial, as
+        the family with the most free GPU groups of ``tp`` (then the most GPUs). None while the cluster has
+        no GPU node of a known family (the trial then goes to any GPU node, and is stamped by it)."""
+        with self._lock:
+            if self._auto_family is not None:
+                return self._auto_family
+        free: dict[str, float] = {}
+        total: dict[str, float] = {}
+        for node in cluster_nodes():
+            if node.gpus_total < tp or len(node.families) != 1:
+                continue
+            (fam,) = node.families
+            free[fam] = free.get(fam, 0) + node.gpus_free // tp
+            total[fam] = total.get(fam, 0) + node.gpus_total
+        if not total:
+            return None
+        choice = max(sorted(total), key=lambda f: (free[f], total[f]))
+        with self._lock:
+            if self._auto_family is None:
+                self._auto_family = choice
+                log.info("'auto' trials pinned to %s (free GPU groups per family: %s)", choice, free)
+            return self._auto_family
 
     def close(self) -> None:
         with self._lock:
@@ -361,12 +347,16 @@ class RayExecutor(Executor):
                     log.warning("trial %s lost on node %s (%s): retrying once", trial.key, node, value)
                     if node:
                         trial.lost_nodes.append(node)
+                    where = f"{info['host']}/{node[:12]}" if info and info.get("host") and node else node
+                    reason = f"attempt {attempt + 1} lost on {where or 'an unknown node'}, retried: {value}"
+                    trial.lost.append(Failure(FailureClass.INFRA, reason[:1000]))
                     continue
-                self._resolve(trial, self._result_of(trial, outcome, value, info))
+                self._resolve(trial, with_retried(self._result_of(trial, outcome, value, info), trial.lost))
                 return
         except BaseException as exc:
             log.exception("trial %s: executor error", trial.key)
-            self._resolve(trial, failed_result(trial.spec, self.recipe.engine, FailureClass.INTERNAL, repr(exc)))
+            result = failed_result(trial.spec, self.recipe.engine, FailureClass.INTERNAL, repr(exc))
+            self._resolve(trial, with_retried(result, trial.lost))
 
     def _result_of(self, trial: _Trial, outcome: str, value: Any, info: dict[str, Any] | None) -> TrialResult:
         where = f"{info['host']}/{info['node_id'][:12]}" if info and info.get("node_id") else None
@@ -415,9 +405,12 @@ class RayExecutor(Executor):
                 return node.family or default
         return default
 
-    def _placement(self, trial: _Trial) -> dict[str, Any]:
-        """Task options that put this attempt on a node of the hardware, away from nodes that lost it."""
+    def _placement(self, trial: _Trial) -> dict[str, Any] | None:
+        """Task options that put this attempt on a node of the hardware, away from nodes that lost it; None
+        when no alive node of the hardware can hold it (never run on another chip instead)."""
         nodes = [n for n in self.matching_nodes(trial.types) if n.gpus_total >= trial.tp]
+        if not nodes:
+            return None
         fresh = [n for n in nodes if n.node_id not in trial.lost_nodes]
         opts: dict[str, Any] = {}
         label_selector: dict[str, str] = {}
@@ -439,12 +432,15 @@ class RayExecutor(Executor):
     def _attempt(self, trial: _Trial, attempt: int) -> tuple[str, Any, dict[str, Any] | None]:
         key = f"{trial.key}-a{attempt}"
         trial.started_on = None
+        placement = self._placement(trial)
+        if placement is None:
+            return "lost", f"no alive Ray node of hardware {trial.family or 'any'} with {trial.tp} GPUs", None
         options: dict[str, Any] = {
             "num_gpus": trial.tp,
             "num_cpus": self.num_cpus_per_trial,
             "max_retries": 0,
             "name": f"trial-{trial.spec.job_id}-{trial.spec.number}-a{attempt}",
-            **self._placement(trial),
+            **placement,
         }
         if self.runtime_env:
             options["runtime_env"] = self.runtime_env

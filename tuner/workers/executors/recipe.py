@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.domain import Engine, Evaluator
+from tuner.domain import Engine, Evaluator, TrialContext, TrialResult, TrialSpec
 
 
 @dataclass(frozen=True)
@@ -15,7 +17,8 @@ class EvaluatorRecipe:
     """How to build an evaluator: the engine and its options, or an import path.
 
     ``Engine.VLLM``: ``VllmRunner(RunnerOptions(**options))``. ``Engine.SIMULATED``:
-    ``SimulatedEngine(**options)``. ``factory="package.module:callable"`` builds ``callable(**options)``
+    ``SimulatedEngine(**options)``, wrapped in :class:`PacedEvaluator` when the options also hold
+    ``pace_s`` > 0 or ``placeholder_process``. ``factory="package.module:callable"`` builds ``callable(**options)``
     instead (a caller's own evaluator; ``engine`` then only labels failures the executor records).
     Options must be picklable: they travel to Ray workers.
     """
@@ -55,5 +58,44 @@ def build_evaluator(recipe: EvaluatorRecipe, *, in_ray: bool = False) -> Evaluat
     if recipe.engine is Engine.SIMULATED:
         from tuner.workers.simulated import SimulatedEngine  # type: ignore[import-not-found]
 
-        return SimulatedEngine(**options)
+        pace_s = float(options.pop("pace_s", 0.0) or 0.0)
+        placeholder = bool(options.pop("placeholder_process", False))
+        engine: Evaluator = SimulatedEngine(**options)
+        if pace_s > 0 or placeholder:
+            return PacedEvaluator(engine, pace_s, placeholder_process=placeholder)
+        return engine
     raise ValueError(f"no evaluator for engine {recipe.engine}")
+
+
+class PacedEvaluator:
+    """Makes each simulated trial take ``seconds`` of wall time (demos, recovery tests), honouring cancel.
+
+    With ``placeholder_process`` it also holds a real process group for the trial's duration and reports it
+    like a vLLM server's, so the recovery path (kill what a dead runner left) is exercised end to end.
+    """
+
+    def __init__(self, inner: Evaluator, seconds: float, *, placeholder_process: bool = False) -> None:
+        self.engine = Engine(getattr(inner, "engine", Engine.SIMULATED))  # the label failures keep
+        self.inner = inner
+        self.seconds = seconds
+        self.placeholder_process = placeholder_process
+
+    def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
+        proc = None
+        if self.placeholder_process:
+            proc = subprocess.Popen(["sleep", str(int(self.seconds) + 600)], start_new_session=True)
+            if ctx is not None:
+                ctx.on_process_started(proc.pid)
+        try:
+            deadline = time.monotonic() + self.seconds
+            while time.monotonic() < deadline:
+                if ctx is not None and ctx.is_cancelled():
+                    break
+                time.sleep(0.05)
+            return self.inner(spec, ctx)
+        finally:
+            if proc is not None:
+                from tuner.workers.vllm_server import kill_process_group
+
+                kill_process_group(proc.pid, grace_s=2.0)
+                proc.wait()

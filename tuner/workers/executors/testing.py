@@ -38,16 +38,25 @@ class SleepEvaluator:
     cancellation), stops the group and returns a simulated result.
 
     With ``record_dir`` set it writes ``<record_dir>/start-<pid>-<n>.json`` when it starts (pid, pgid,
-    gpu ids and visibility variables) and ``done-...json`` when it returns, so tests can find the
-    worker to kill and count results.
+    gpu ids, visibility variables, the spec's hardware and deadline) and ``done-...json`` when it returns,
+    so tests can find the worker to kill and count results. With ``echo_hardware`` its results say the
+    spec's hardware, as the vLLM runner's do ("auto" for an "auto" job); ``engine`` labels its results
+    (``"vllm"`` to stand in for the vLLM runner in a job for real hardware).
     """
 
-    engine = Engine.SIMULATED
-
-    def __init__(self, duration_s: float = 0.5, hang: bool = False, record_dir: str | None = None):
+    def __init__(
+        self,
+        duration_s: float = 0.5,
+        hang: bool = False,
+        record_dir: str | None = None,
+        echo_hardware: bool = False,
+        engine: str = Engine.SIMULATED.value,
+    ):
         self.duration_s = duration_s
         self.hang = hang
         self.record_dir = record_dir
+        self.echo_hardware = echo_hardware
+        self.engine = Engine(engine)
 
     def _record(self, kind: str, spec: TrialSpec, data: dict) -> None:
         if not self.record_dir:
@@ -79,6 +88,8 @@ class SleepEvaluator:
                 "gpu_ids": spec.gpu_ids,
                 "visible": visible,
                 "node_id": node_id,
+                "hardware": spec.hardware,
+                "deadline_s": spec.deadline_s,
                 "t": time.time(),
             },
         )
@@ -88,7 +99,7 @@ class SleepEvaluator:
                 if proc.poll() is not None:  # its "server" was killed from outside, as a runner would see
                     return TrialResult(
                         status=TrialStatus.FAILED,
-                        engine=Engine.SIMULATED,
+                        engine=self.engine,
                         spec=spec.spec,
                         failure=Failure(FailureClass.CRASH, f"process group exited ({proc.returncode})"),
                         pgid=proc.pid,
@@ -96,7 +107,7 @@ class SleepEvaluator:
                 if ctx.is_cancelled() and not self.hang:
                     return TrialResult(
                         status=TrialStatus.CANCELLED,
-                        engine=Engine.SIMULATED,
+                        engine=self.engine,
                         spec=spec.spec,
                         failure=Failure(FailureClass.CANCELLED, "cancelled"),
                         pgid=proc.pid,
@@ -111,11 +122,12 @@ class SleepEvaluator:
         self._record("done", spec, {"pid": os.getpid(), "pgid": proc.pid, "number": spec.number, "t": time.time()})
         return TrialResult(
             status=TrialStatus.SUCCEEDED,
-            engine=Engine.SIMULATED,
+            engine=self.engine,
             spec=spec.spec,
             levels=tuple(LevelResult(level=lv, num_requests=1, output_throughput=1.0) for lv in spec.levels),
             pgid=proc.pid,
             wall_s=time.monotonic() - t0,
+            hardware=spec.hardware if self.echo_hardware else None,
         )
 
 
