@@ -123,7 +123,9 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
         methods=spec.methods,
         depth_range=spec.depth_range,
         drafts={Method(m): list(p) for m, p in spec.drafts.items()} or None,
+        compat_overrides={Method(m): allow for m, allow in spec.compat_overrides.items()} or None,
     )
+    max_num_seqs = spec.serving.args.get("max_num_seqs")
     return OptunaPlanner(
         space,
         spec.levels,
@@ -134,6 +136,8 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
         study_name=study_name(job_id),
         seed=spec.seed,
         confirm_runs=spec.confirm_runs,
+        level_weights=spec.level_weights,
+        max_num_seqs=int(max_num_seqs) if max_num_seqs else None,
     )
 
 

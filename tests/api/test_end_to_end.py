@@ -130,3 +130,26 @@ def test_a_worker_refuses_trust_remote_code_unless_its_settings_allow_it(db_url:
         row = tuning.get_job(s, job_id)
         assert row.status == "failed" and "trust_remote_code is not allowed on this worker" in row.error
         assert tuning.list_trials(s, job_id) == []
+
+
+def test_a_jobs_weights_overrides_and_max_num_seqs_reach_its_search(tmp_path: Path) -> None:
+    from tuner.domain import Engine, JobSpec, LoadLevel, Method, ModelRef, ServingConfig
+    from tuner.wiring import make_planner
+
+    spec = JobSpec(
+        ModelRef("meta-llama/Llama-3.1-8B-Instruct"),
+        "t",
+        engine=Engine.SIMULATED,
+        hardware="mi300x",
+        levels=(LoadLevel(value=1), LoadLevel(value=64)),
+        model_config=LLAMA_8B_CONFIG,
+        level_weights={"c1": 3.0, "c64": 1.0},
+        compat_overrides={"ngram": False},
+        serving=ServingConfig(args={"max_num_seqs": 96}),
+    )
+    planner = make_planner(Settings(data_dir=tmp_path), "job-1", spec, [])
+    assert planner.weights == {"c1": 3.0, "c64": 1.0}
+    assert planner.max_num_seqs == 96
+    methods = {o.method for o in planner.space.options}
+    assert Method.NGRAM not in methods and Method.EAGLE3 in methods
+    assert any(e.method is Method.NGRAM for e in planner.space.excluded)
