@@ -318,6 +318,27 @@ class ServingConfig:
         return out
 
 
+def serve_argv(model: ModelRef, serving: ServingConfig, spec: SpecConfig) -> list[str]:
+    """The one place a configuration becomes ``vllm serve`` arguments: what a trial measures and what a
+    recommendation deploys (``vllm serve <these>``).
+
+    The model comes first, as ``vllm serve`` takes it (positional); then revision, remote code, the serving
+    args, and the speculative config as canonical JSON (sorted keys, no spaces). No speculative config means
+    no flag at all: ``num_speculative_tokens: 0``, or K=0 in a schedule, is a configuration, not "off".
+    Runners add only their runtime extras around this (host, port, platform flags).
+    """
+    argv = [model.name]
+    if model.revision:
+        argv += ["--revision", model.revision]
+    if model.trust_remote_code:
+        argv.append("--trust-remote-code")
+    argv += serving.to_cli_args()
+    config = spec.to_vllm()
+    if config is not None:
+        argv += ["--speculative-config", json.dumps(config, separators=(",", ":"), sort_keys=True)]
+    return argv
+
+
 @dataclass(frozen=True)
 class LoadLevel:
     """One load level measured on a running server."""
@@ -524,11 +545,20 @@ class RequestComparison:
 
 @dataclass(frozen=True)
 class CorrectnessReport:
-    """Greedy outputs of a fixed prompt subset compared with the job's no-speculation outputs."""
+    """Greedy outputs of a fixed prompt subset compared with the job's no-speculation outputs.
+
+    ``not_gated`` says why no comparison ran (no reference outputs, an empty subset); a report with a reason
+    there has no comparisons, and its ``passed`` only means "not failed": the trial was not checked.
+    """
 
     comparisons: tuple[RequestComparison, ...] = ()
     threshold: float = 0.5
     passed: bool = True
+    not_gated: str | None = None
+
+    @property
+    def gated(self) -> bool:
+        return self.not_gated is None
 
     @property
     def median_prefix_fraction(self) -> float:
@@ -679,22 +709,26 @@ class Recommendation:
     workload_class: str | None = None
 
     def serve_args(self) -> list[str]:
-        """The full ``vllm serve`` argv (without the executable) that deploys this recommendation."""
-        argv = ["serve", self.model.name]
-        if self.model.revision:
-            argv += ["--revision", self.model.revision]
-        if self.model.trust_remote_code:
-            argv.append("--trust-remote-code")
-        argv += self.serving.to_cli_args()
-        spec = self.spec.to_vllm()
-        if spec is not None:
-            argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
-        return argv
+        """The full ``vllm serve`` argv (without the executable) that deploys this recommendation: the
+        arguments its trials were measured with (:func:`serve_argv`), without the runner's host and port."""
+        return ["serve", *serve_argv(self.model, self.serving, self.spec)]
 
 
 @dataclass(frozen=True)
 class TuneOutcome:
-    """What a search concludes: the static best, an optional per-batch-size schedule, and why."""
+    """What a search concludes: the static best, an optional per-batch-size schedule, and why.
+
+    What to deploy is ``deployed``: ``schedule`` when there is one, else ``best``; ``speedup`` is always the
+    speedup of ``deployed`` (never of ``best`` while a schedule is set), from its confirmation runs when they
+    are complete (a note says "unconfirmed" otherwise).
+
+    - ``best``: the best static config by the objective over all levels, or "off" when nothing beats the
+      baseline beyond the measured noise; ``best_trial`` is its search trial.
+    - ``schedule``: a ``num_speculative_tokens_per_batch_size`` schedule varying K for one method and draft
+      (``best``'s; when ``best`` is off, the best speculative config's). Set only when its own confirmation
+      runs are complete, beat the baseline beyond noise and are not worse than ``best``'s speedup beyond
+      noise; otherwise None, with a note saying why.
+    """
 
     best: SpecConfig
     schedule: SpecConfig | None
@@ -706,6 +740,11 @@ class TuneOutcome:
     skipped: tuple[SkippedCandidate, ...] = ()
     notes: tuple[str, ...] = ()
     engine: Engine = Engine.SIMULATED
+
+    @property
+    def deployed(self) -> SpecConfig:
+        """The config to deploy, the one ``speedup`` measures: the schedule if any, else the static best."""
+        return self.schedule or self.best
 
 
 @dataclass(frozen=True)
@@ -722,7 +761,8 @@ class Planner(Protocol):
 
     ``ask`` returns the next proposal, or None when the search is done (budget spent, stopping rule met,
     confirmations measured). ``tell`` records a result exactly once per number. ``abandon`` marks a trial
-    whose runner died as failed (never left running) and queues its configuration again.
+    whose runner died as failed (never left running) and queues its configuration again. ``outcome`` is the
+    conclusion so far (see ``TuneOutcome``): deploy ``outcome.deployed``, whose speedup is ``outcome.speedup``.
     """
 
     def ask(self) -> Proposal | None: ...

@@ -36,3 +36,9 @@ def test_common_prefix() -> None:
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_nothing_to_compare_is_not_gated_rather_than_passed() -> None:
+    report = compare((), REFERENCE)
+    assert not report.gated and report.comparisons == () and report.not_gated == "no outputs to compare"
+    assert compare(REFERENCE, REFERENCE).gated

@@ -26,6 +26,7 @@ from tuner.domain import (
     TrialSpec,
     TrialStatus,
 )
+from tuner.workers.correctness import compare
 from tuner.workers.simulated import PRESETS, WORKLOADS, ModelProfile, SimulatedEngine, WorkloadProfile
 
 DENSE = PRESETS["llama-3.1-8b"]
@@ -289,6 +290,27 @@ def test_diverging_method_is_measured_but_fails_the_correctness_gate() -> None:
     bad = engine(trial(EAGLE3_K3, reference_outputs=baseline.reference_outputs))
     assert bad.status is TrialStatus.DIVERGED and bad.levels and bad.correctness is not None
     assert not bad.correctness.passed and not bad.recommendable
+
+
+def test_the_simulated_gate_is_the_runners_compare_with_its_threshold() -> None:
+    profile = ModelProfile("x", diverging=frozenset({Method.EAGLE3}))
+    baseline = SimulatedEngine(profile, CHAT)(trial(SpecConfig()))
+    reference = baseline.reference_outputs
+    assert reference
+    bad = SimulatedEngine(profile, CHAT)(trial(EAGLE3_K3, reference_outputs=reference))
+    assert bad.correctness is not None and bad.reference_outputs is not None
+    assert bad.correctness == compare(bad.reference_outputs, reference, 0.5)  # the same function, same figures
+    assert bad.correctness.median_prefix_fraction == pytest.approx(3 / 16)  # diverges after 3 tokens
+    lenient = SimulatedEngine(profile, CHAT, correctness_threshold=0.1)(trial(EAGLE3_K3, reference_outputs=reference))
+    assert lenient.status is TrialStatus.SUCCEEDED and lenient.correctness is not None
+    assert lenient.correctness.threshold == 0.1 and lenient.correctness.passed
+
+
+def test_a_simulated_trial_without_a_reference_says_it_was_not_gated() -> None:
+    result = SimulatedEngine(DENSE, CHAT)(trial(EAGLE3_K3))
+    assert result.status is TrialStatus.SUCCEEDED and result.correctness is not None
+    assert not result.correctness.gated and result.correctness.comparisons == ()
+    assert result.correctness.not_gated is not None and "reference" in result.correctness.not_gated
 
 
 def test_cancellation_stops_before_the_next_level() -> None:

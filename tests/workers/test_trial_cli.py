@@ -66,3 +66,4 @@ def test_simulated_engine_human_summary(traffic: Path, capsys: pytest.CaptureFix
     text = capsys.readouterr().out
     assert text.startswith("trial succeeded: ngram k=3 on simulated")
     assert "c1:" in text and "acceptance rate" in text
+    assert "correctness: NOT GATED (no reference outputs" in text  # one config by hand has no baseline to compare

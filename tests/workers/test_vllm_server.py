@@ -44,21 +44,51 @@ def test_build_serve_argv_passes_the_spec_as_json() -> None:
     argv = build_serve_argv(
         ModelRef("org/m", revision="abc"), serving, spec, 8123, command=["vllm", "serve"], extra_args=["--x"]
     )
-    assert argv[:8] == ["vllm", "serve", "--model", "org/m", "--host", "127.0.0.1", "--port", "8123"]
-    assert argv[8:10] == ["--revision", "abc"]
-    assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv and "--x" in argv
+    assert argv[:5] == ["vllm", "serve", "org/m", "--revision", "abc"]  # vllm serve takes the model positionally
+    assert argv[-5:] == ["--host", "127.0.0.1", "--port", "8123", "--x"]  # the runtime extras come last
+    assert "--model" not in argv
+    assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv
     assert argv[argv.index("--max-model-len") + 1] == "512"
     i = argv.index("--speculative-config")
     assert json.loads(argv[i + 1]) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
-    assert i == len(argv) - 2
 
 
-def test_no_speculation_means_no_flag_but_k0_is_a_config() -> None:
+def test_the_module_entry_point_gets_the_model_as_a_flag() -> None:
+    command = [PY, "-m", "vllm.entrypoints.openai.api_server"]
+    argv = build_serve_argv(ModelRef("org/m"), ServingConfig(), SpecConfig(), 8123, command=command)
+    assert argv == [*command, "--model", "org/m", "--host", "127.0.0.1", "--port", "8123"]
+
+
+def test_no_speculation_means_no_flag() -> None:
     off = build_serve_argv(ModelRef("m"), ServingConfig(), SpecConfig(), 1, command=["vllm", "serve"])
     assert "--speculative-config" not in off
-    k0 = SpecConfig.from_vllm({"method": "ngram", "num_speculative_tokens": 0})
-    argv = build_serve_argv(ModelRef("m"), ServingConfig(), k0, 1, command=["vllm", "serve"])
-    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 0
+
+
+# K=0 above batch size 1: ngram proposes at batch 1 and nothing from 2 up. vLLM rejects a top-level
+# num_speculative_tokens of 0, so a schedule is how K=0 is expressed; it keeps the speculative path (and its
+# cost) and must stay a configuration of its own, distinct from "off" and from the static k=3.
+K0_ABOVE_1 = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3,
+    "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 1024, 0]],
+}
+
+
+def test_a_k0_schedule_is_a_speculative_config_not_off() -> None:
+    spec = SpecConfig.from_vllm(K0_ABOVE_1)
+    assert not spec.is_off and spec.schedule == ((1, 1, 3), (2, 1024, 0))
+    assert [spec.k_at(b) for b in (1, 2, 8, 1024, 4096)] == [3, 0, 0, 0, 0]  # the tail carries K=0
+    argv = build_serve_argv(ModelRef("m"), ServingConfig(), spec, 1, command=["vllm", "serve"])
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == K0_ABOVE_1
+    static = SpecConfig.from_vllm({k: v for k, v in K0_ABOVE_1.items() if k != "num_speculative_tokens_per_batch_size"})
+    assert len({spec.key(), static.key(), SpecConfig().key()}) == 3
+
+
+def test_a_k0_schedule_round_trips_through_json() -> None:
+    spec = SpecConfig.from_vllm(K0_ABOVE_1)
+    argv = build_serve_argv(ModelRef("m"), ServingConfig(), spec, 1, command=["vllm", "serve"])
+    assert SpecConfig.from_vllm(json.loads(argv[argv.index("--speculative-config") + 1])) == spec
 
 
 def _spawn_group(script: str, tmp_path: Path) -> VllmServer:

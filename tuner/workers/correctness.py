@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from tuner.domain import CorrectnessReport, RequestComparison, TrafficRequest
+from tuner.domain import CorrectnessReport, RequestComparison, TrafficRequest, TrialSpec
 from tuner.workers.replay import ReplaySettings, build_request
 
 
@@ -43,10 +43,27 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def ungated_reason(spec: TrialSpec) -> str | None:
+    """Why this speculative trial's outputs cannot be compared with a reference, or None when they can."""
+    if spec.correctness_prompts <= 0 or not spec.requests:
+        return "no correctness prompts (correctness_prompts is 0 or the traffic is empty): outputs not compared"
+    if not spec.reference_outputs:
+        return "no reference outputs (no-speculation greedy outputs) were given: outputs not compared"
+    return None
+
+
+def not_gated(reason: str, threshold: float = 0.5) -> CorrectnessReport:
+    """The report of a speculative trial whose outputs were not compared: says so instead of passing."""
+    return CorrectnessReport(threshold=threshold, not_gated=reason)
+
+
 def compare(
     outputs: Sequence[Sequence[int]], reference: Sequence[Sequence[int]], threshold: float = 0.5
 ) -> CorrectnessReport:
-    """Per-request common prefix and identity; passes when the median prefix fraction >= ``threshold``."""
+    """Per-request common prefix and identity; passes when the median prefix fraction >= ``threshold``.
+
+    Nothing to compare (either side empty) is reported as not gated rather than as a pass.
+    """
     comparisons = tuple(
         RequestComparison(
             index=i,
@@ -57,5 +74,7 @@ def compare(
         )
         for i, (out, ref) in enumerate(zip(outputs, reference, strict=False))
     )
+    if not comparisons:
+        return not_gated("no outputs to compare", threshold)
     report = CorrectnessReport(comparisons=comparisons, threshold=threshold)
     return dataclasses.replace(report, passed=report.median_prefix_fraction >= threshold)

@@ -29,8 +29,9 @@ class RunnerOptions:
     """Settings of a :class:`~tuner.workers.vllm_runner.VllmRunner`.
 
     ``vllm_command`` is the argv prefix that starts a server, e.g. ``("vllm", "serve")``; the runner appends
-    ``--model ...`` and the other flags. None means the module entry point of ``vllm_python``
-    (``python -m vllm.entrypoints.openai.api_server``), which needs no console script.
+    the model and the other flags (``build_serve_argv``). None means the module entry point of ``vllm_python``
+    (``python -m vllm.entrypoints.openai.api_server``, which takes the model as ``--model``) and needs no
+    console script.
     ``extra_env`` is added to every server's environment (on CPU: ``VLLM_CPU_KVCACHE_SPACE``,
     ``VLLM_HOST_IP``); ``extra_args`` to every argv (flags the job's ServingConfig does not allow).
     """

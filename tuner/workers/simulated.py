@@ -25,7 +25,6 @@ from tuner.domain import (
     LevelResult,
     LoadLevel,
     Method,
-    RequestComparison,
     ServingConfig,
     SpecConfig,
     TrafficRequest,
@@ -35,6 +34,7 @@ from tuner.domain import (
     TrialStatus,
 )
 from tuner.workers import sim_model
+from tuner.workers.correctness import compare, not_gated, ungated_reason
 from tuner.workers.sim_level import level_result
 from tuner.workers.sim_profiles import CHARS_PER_TOKEN, PRESETS, WORKLOADS, ModelProfile, WorkloadProfile
 
@@ -55,8 +55,10 @@ class SimulatedEngine:
         seed: int = 0,
         hardware: str = "simulated",
         vllm_version: str = "simulated",
+        correctness_threshold: float = 0.5,
     ) -> None:
         self.model = model or PRESETS["llama-3.1-8b"]
+        self.correctness_threshold = float(correctness_threshold)  # as RunnerOptions.correctness_threshold
         self.workload = workload
         self.noise = float(noise)
         self.seed = int(seed)
@@ -116,9 +118,7 @@ class SimulatedEngine:
         if crash_at is not None:
             return self._result(spec, TrialStatus.FAILED, levels, failure=_crash(), startup=startup)
         outputs = _outputs(spec, diverged=spec.spec.method in self.model.diverging)
-        report = None
-        if not spec.spec.is_off and spec.reference_outputs:
-            report = _compare(outputs, spec.reference_outputs)
+        report = None if spec.spec.is_off else self._gate(spec, outputs)
         status = TrialStatus.DIVERGED if report is not None and not report.passed else TrialStatus.SUCCEEDED
         return self._result(spec, status, levels, correctness=report, outputs=outputs, startup=startup)
 
@@ -169,6 +169,13 @@ class SimulatedEngine:
         if msg is None:
             return None
         return Failure(FailureClass.UNSUPPORTED, msg, f"(APIServer pid=1) {msg}\n")
+
+    def _gate(self, spec: TrialSpec, outputs: Sequence[Sequence[int]]) -> CorrectnessReport:
+        """The runner's gate (tuner.workers.correctness) on the simulated outputs, same threshold semantics."""
+        reason = ungated_reason(spec)
+        if reason is not None:
+            return not_gated(reason, self.correctness_threshold)
+        return compare(outputs, spec.reference_outputs or (), self.correctness_threshold)
 
     def _ooms(self, spec: SpecConfig) -> bool:
         limit = self.model.max_depth_before_oom.get(spec.method)
@@ -250,12 +257,3 @@ def _outputs(spec: TrialSpec, diverged: bool) -> tuple[tuple[int, ...], ...]:
             ids = ids[:3] + [(x + 7919) % 151_000 for x in ids[3:]]
         out.append(tuple(ids))
     return tuple(out)
-
-
-def _compare(outputs: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> CorrectnessReport:
-    comps = []
-    for i, (out, ref) in enumerate(zip(outputs, reference, strict=False)):
-        prefix = next((j for j, (x, y) in enumerate(zip(out, ref, strict=False)) if x != y), min(len(out), len(ref)))
-        comps.append(RequestComparison(i, prefix, len(out), len(ref), tuple(out) == tuple(ref)))
-    report = CorrectnessReport(comparisons=tuple(comps))
-    return dataclasses.replace(report, passed=report.median_prefix_fraction >= report.threshold)

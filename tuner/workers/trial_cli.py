@@ -123,8 +123,10 @@ def format_summary(result: TrialResult) -> str:
                 f"          acceptance rate {sd.acceptance_rate:.3f}, length {sd.acceptance_length:.2f},"
                 f" per position [{per_pos}], {sd.mean_proposed_per_draft:.2f} proposed/draft{empty}"
             )
-    if result.correctness is not None:
-        c = result.correctness
+    c = result.correctness
+    if c is not None and not c.gated:
+        lines.append(f"  correctness: NOT GATED ({c.not_gated})")
+    elif c is not None:
         lines.append(
             f"  correctness: {'passed' if c.passed else 'DIVERGED'} (median prefix {c.median_prefix_fraction:.2f},"
             f" identical {c.identical_fraction:.0%})"

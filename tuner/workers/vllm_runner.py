@@ -29,7 +29,7 @@ from tuner.domain import (
     env_name_allowed,
 )
 from tuner.workers import vllm_metrics
-from tuner.workers.correctness import compare, greedy_outputs
+from tuner.workers.correctness import compare, greedy_outputs, not_gated, ungated_reason
 from tuner.workers.devices import device_env
 from tuner.workers.failures import Observation, Phase, classify
 from tuner.workers.options import RunnerOptions
@@ -84,7 +84,8 @@ class VllmRunner:
 
     The server is launched once; each load level gets its warm-up requests, a metrics scrape before and
     after, and gauge sampling during its window. Speculative trials then pass the correctness gate against
-    ``spec.reference_outputs``; a baseline trial returns its own greedy outputs as ``reference_outputs``.
+    ``spec.reference_outputs`` (without one, ``correctness.not_gated`` says why they were not compared);
+    a baseline trial returns its own greedy outputs as ``reference_outputs``.
     Trial failures are never raised: they come back as ``TrialResult(status=FAILED | CANCELLED,
     failure=...)``. The server's whole process group is stopped before returning, whatever happened.
     The call is blocking (it runs its own event loop); from async code, run it in a thread.
@@ -254,8 +255,10 @@ class VllmRunner:
             subset = requests[: spec.correctness_prompts]
             if spec.spec.is_off:
                 progress.reference = await greedy_outputs(client, base, subset, settings)
-            elif spec.reference_outputs:
-                reference = spec.reference_outputs[: len(subset)]
+            elif (reason := ungated_reason(spec)) is not None:
+                progress.correctness = not_gated(reason, opts.correctness_threshold)
+            else:
+                reference = (spec.reference_outputs or ())[: len(subset)]
                 outputs = await greedy_outputs(client, base, subset[: len(reference)], settings)
                 progress.correctness = compare(outputs, reference, opts.correctness_threshold)
 

@@ -6,7 +6,6 @@ group that can be signalled as a whole, by us or by whoever recovers a dead runn
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -18,7 +17,7 @@ from types import TracebackType
 
 import httpx
 
-from tuner.domain import ModelRef, ServingConfig, SpecConfig
+from tuner.domain import ModelRef, ServingConfig, SpecConfig, serve_argv
 
 
 def build_serve_argv(
@@ -31,23 +30,25 @@ def build_serve_argv(
     host: str = "127.0.0.1",
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The one place a trial's configuration becomes server arguments.
+    """A trial's server argv: ``command``, the configuration's arguments from :func:`tuner.domain.serve_argv`
+    unchanged (exactly what a recommendation deploys), then the runtime extras: host, port, ``extra_args``
+    (flags of this platform, e.g. ``--enforce-eager`` on CPU).
 
-    ``command`` is the prefix (``["vllm", "serve"]`` or ``[python, "-m", module]``); the model goes in
-    ``--model``, which both accept. The speculative config is passed as JSON to ``--speculative-config``;
-    no speculative config means no flag at all (``num_speculative_tokens: 0`` is a config, not "off").
+    ``command`` is the prefix. ``[..., "serve"]`` takes the model positionally, as the deploy command does;
+    the module entry point (``[python, "-m", "vllm.entrypoints.openai.api_server"]``) has no positional
+    model, so ``--model`` is put in front of it there.
     """
-    argv = [*command, "--model", model.name, "--host", host, "--port", str(port)]
-    if model.revision:
-        argv += ["--revision", model.revision]
-    if model.trust_remote_code:
-        argv.append("--trust-remote-code")
-    argv += serving.to_cli_args()
-    argv += list(extra_args)
-    config = spec.to_vllm()
-    if config is not None:
-        argv += ["--speculative-config", json.dumps(config, separators=(",", ":"), sort_keys=True)]
-    return argv
+    model_flag = [] if list(command[-1:]) == ["serve"] else ["--model"]
+    return [
+        *command,
+        *model_flag,
+        *serve_argv(model, serving, spec),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *extra_args,
+    ]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
