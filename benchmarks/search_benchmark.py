@@ -11,6 +11,11 @@ the same conditional parameters, no extrapolation) get as many trials as spec-tu
 the configuration with the best *measured* objective; regret is 1 - true(pick) / true(optimum) on the
 noise-free truth (the weighted geometric mean of per-level speedups over off). Confirmation runs are
 spec-tuner's only; they are reported but not counted as search trials (the grid confirms nothing).
+
+spec-tuner's regret is reported twice: for its static pick (``outcome.best``, comparable with the grid's),
+and for what it would deploy (``outcome.deployed``: the per-batch-size schedule when one was kept, else the
+static pick). Both are against the best *static* configuration, so a schedule that beats every static
+config has a negative deployed regret.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class Run:
     pick: SpecConfig
     worse_than_off: bool
     deployed_regret: float | None = None
+    deployed: SpecConfig | None = None
+    deployed_worse_than_off: bool = False
 
 
 def _measure_all(sc: Scenario, specs: Sequence[SpecConfig], seed: int) -> list[tuple[SpecConfig, float | None]]:
@@ -66,8 +73,15 @@ def _measure_all(sc: Scenario, specs: Sequence[SpecConfig], seed: int) -> list[t
     for spec in specs:
         if spec.is_off:
             continue
-        r = engine(TrialSpec(model=ModelRef(sc.space.model), spec=spec, levels=sc.levels, requests=REQUESTS,
-                             reference_outputs=base.reference_outputs))
+        r = engine(
+            TrialSpec(
+                model=ModelRef(sc.space.model),
+                spec=spec,
+                levels=sc.levels,
+                requests=REQUESTS,
+                reference_outputs=base.reference_outputs,
+            )
+        )
         out.append((spec, _objective_vs(r, base)))
     return out
 
@@ -87,16 +101,23 @@ def _score(sc: Scenario, pick: SpecConfig, trials: int, confirm: int = 0) -> Run
 
 def run_ours(sc: Scenario, seed: int) -> Run:
     report = tune(
-        sc.space, sc.engine(seed), model=ModelRef(sc.space.model), requests=REQUESTS, levels=sc.levels,
-        budget=Budget(max_trials=sc.space.grid_size), seed=seed, confirm_runs=3,
+        sc.space,
+        sc.engine(seed),
+        model=ModelRef(sc.space.model),
+        requests=REQUESTS,
+        levels=sc.levels,
+        budget=Budget(max_trials=sc.space.grid_size),
+        seed=seed,
+        confirm_runs=3,
     )
     search = sum(1 for p, _ in report.history if p.purpose != "confirm")
     confirm = sum(1 for p, _ in report.history if p.purpose == "confirm")
     run = _score(sc, report.outcome.best, search, confirm)
     opt, _ = optimum(sc)
-    deployed = report.outcome.schedule or report.outcome.best
-    td = true_objective(sc, deployed)
-    run.deployed_regret = None if td is None else 1 - td / opt
+    run.deployed = report.outcome.deployed
+    td = true_objective(sc, run.deployed) or 0.0  # None: cannot run, as bad as it gets
+    run.deployed_regret = 1 - td / opt
+    run.deployed_worse_than_off = td < 1.0 - 1e-9
     run.outcome = report.outcome  # type: ignore[attr-defined]
     return run
 
@@ -120,8 +141,9 @@ def run_tpe(sc: Scenario, seed: int, n: int) -> Run:
     engine = sc.engine(seed)
     model = ModelRef(sc.space.model)
     base = engine(TrialSpec(model=model, spec=SpecConfig(), levels=sc.levels, requests=REQUESTS))
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
-                                         n_startup_trials=4)
+    sampler = optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=4
+    )
     study = optuna.create_study(direction="maximize", sampler=sampler)
     options = sc.space.options
     study.enqueue_trial({"arm": "off"})
@@ -148,9 +170,22 @@ def run_tpe(sc: Scenario, seed: int, n: int) -> Run:
             v = seen[key]
         else:
             launched += 1
-            v = 1.0 if spec.is_off else _objective_vs(
-                engine(TrialSpec(model=model, spec=spec, levels=sc.levels, requests=REQUESTS,
-                                 reference_outputs=base.reference_outputs)), base)
+            v = (
+                1.0
+                if spec.is_off
+                else _objective_vs(
+                    engine(
+                        TrialSpec(
+                            model=model,
+                            spec=spec,
+                            levels=sc.levels,
+                            requests=REQUESTS,
+                            reference_outputs=base.reference_outputs,
+                        )
+                    ),
+                    base,
+                )
+            )
             seen[key] = v
             if v is not None and v > best[0]:
                 best = (v, spec)
@@ -172,50 +207,71 @@ def run(seeds: Sequence[int], only: Sequence[str] | None = None) -> list[dict]:
         grid = [run_grid(sc, s) for s in seeds]
         rnd = [run_random(sc, s, n) for s in seeds]
         tpe = [run_tpe(sc, s, n) for s in seeds]
-        rows.append({
-            "scenario": sc.name, "kind": sc.kind, "grid": sc.space.grid_size, "optimum": opt_spec.label(),
-            "optimum_value": opt, "ours_trials": statistics.median(r.trials for r in ours),
-            "ours_confirm": statistics.median(r.confirm for r in ours),
-            "ours_regret": max(r.regret for r in ours), "ours_regret_median": statistics.median(r.regret for r in ours),
-            "ours_deployed_regret": max((r.deployed_regret or 0.0) for r in ours),
-            "ours_pick": ours[0].pick.label(), "ours_worse_than_off": any(r.worse_than_off for r in ours),
-            "grid_regret": statistics.median(r.regret for r in grid),
-            "random_regret": statistics.median(r.regret for r in rnd),
-            "tpe_regret": statistics.median(r.regret for r in tpe),
-            "notes": [n for n in ours[0].outcome.notes if n.startswith("per-level")],
-        })
+        rows.append(
+            {
+                "scenario": sc.name,
+                "kind": sc.kind,
+                "grid": sc.space.grid_size,
+                "optimum": opt_spec.label(),
+                "optimum_value": opt,
+                "ours_trials": statistics.median(r.trials for r in ours),
+                "ours_confirm": statistics.median(r.confirm for r in ours),
+                "ours_regret": max(r.regret for r in ours),
+                "ours_regret_median": statistics.median(r.regret for r in ours),
+                "ours_deployed_regret": max(r.deployed_regret for r in ours),
+                "ours_deployed_regret_median": statistics.median(r.deployed_regret for r in ours),
+                "ours_deployed_worst_seed": seeds[max(range(len(ours)), key=lambda i: ours[i].deployed_regret)],
+                "ours_deployed": ours[0].deployed.label(),
+                "ours_pick": ours[0].pick.label(),
+                "ours_worse_than_off": any(r.worse_than_off or r.deployed_worse_than_off for r in ours),
+                "grid_regret": statistics.median(r.regret for r in grid),
+                "random_regret": statistics.median(r.regret for r in rnd),
+                "tpe_regret": statistics.median(r.regret for r in tpe),
+                "notes": [n for n in ours[0].outcome.notes if n.startswith("per-level")],
+            }
+        )
     return rows
 
 
 def table(rows: Sequence[dict]) -> str:
-    head = ("| scenario | src | grid trials | spec-tuner trials (+confirm) | trials / grid | spec-tuner regret "
-            "median (worst) | grid regret | random @ same trials | plain TPE @ same trials | true optimum | "
-            "spec-tuner pick (seed 0) |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| scenario | src | grid trials | spec-tuner trials (+confirm) | trials / grid | static pick regret median "
+        "(worst) | deployed regret median (worst, seed) | grid regret | random @ same trials | plain TPE @ same "
+        "trials | true static optimum | spec-tuner deploys (seed 0) |\n" + "|---" * 12 + "|"
+    )
     lines = [head]
     for r in rows:
         lines.append(
             f"| {r['scenario']} | {'paper' if r['kind'] == 'published' else 'sim'} | {r['grid']} | "
             f"{r['ours_trials']:g} (+{r['ours_confirm']:g}) | {r['ours_trials'] / r['grid']:.0%} | "
-            f"{r['ours_regret_median']:.1%} ({r['ours_regret']:.1%}) | {r['grid_regret']:.1%} | "
+            f"{r['ours_regret_median']:.1%} ({r['ours_regret']:.1%}) | "
+            f"{r['ours_deployed_regret_median']:.1%} ({r['ours_deployed_regret']:.1%}, "
+            f"s{r['ours_deployed_worst_seed']}) | {r['grid_regret']:.1%} | "
             f"{r['random_regret']:.1%} | {r['tpe_regret']:.1%} | "
-            f"{r['optimum']} ({r['optimum_value']:.2f}x) | {r['ours_pick']} |"
+            f"{r['optimum']} ({r['optimum_value']:.2f}x) | {r['ours_deployed']} |"
         )
     ratio = statistics.median(r["ours_trials"] / r["grid"] for r in rows)
+    worst = max(rows, key=lambda r: r["ours_deployed_regret"])
     lines.append("")
     lines.append(
-        f"Median trials / grid: {ratio:.0%}. Worst spec-tuner regret over all seeds: "
-        f"{max(r['ours_regret'] for r in rows):.1%}; scenarios whose median regret exceeds 2%: "
-        f"{sum(r['ours_regret_median'] > 0.02 for r in rows)}. "
+        f"Median trials / grid: {ratio:.0%}. Worst spec-tuner regret over all seeds: static pick "
+        f"{max(r['ours_regret'] for r in rows):.1%}, deployed {worst['ours_deployed_regret']:.1%} "
+        f"({worst['scenario']}, seed {worst['ours_deployed_worst_seed']}); scenarios whose median regret exceeds "
+        f"2%: static {sum(r['ours_regret_median'] > 0.02 for r in rows)}, deployed "
+        f"{sum(r['ours_deployed_regret_median'] > 0.02 for r in rows)}. "
         f"Median regret: grid {statistics.median(r['grid_regret'] for r in rows):.1%}, random "
         f"{statistics.median(r['random_regret'] for r in rows):.1%}, plain TPE "
-        f"{statistics.median(r['tpe_regret'] for r in rows):.1%}, spec-tuner "
-        f"{statistics.median(r['ours_regret_median'] for r in rows):.1%}. "
-        f"Recommended worse than off: {sum(r['ours_worse_than_off'] for r in rows)} scenario(s)."
+        f"{statistics.median(r['tpe_regret'] for r in rows):.1%}, spec-tuner static pick "
+        f"{statistics.median(r['ours_regret_median'] for r in rows):.1%}, deployed "
+        f"{statistics.median(r['ours_deployed_regret_median'] for r in rows):.1%}. "
+        f"Recommended or deployed worse than off: {sum(r['ours_worse_than_off'] for r in rows)} scenario(s)."
     )
     return "\n".join(lines)
 
 
 def check(rows: Sequence[dict]) -> list[str]:
+    """The issue's targets: median trials / grid <= 25%; per scenario, median regret <= 2% for the static pick
+    and for what would be deployed; nothing recommended or deployed worse than off."""
     problems = []
     ratio = statistics.median(r["ours_trials"] / r["grid"] for r in rows)
     if ratio > 0.25:
@@ -223,8 +279,10 @@ def check(rows: Sequence[dict]) -> list[str]:
     for r in rows:
         if r["ours_regret_median"] > 0.02:
             problems.append(f"{r['scenario']}: median regret {r['ours_regret_median']:.1%} > 2%")
+        if r["ours_deployed_regret_median"] > 0.02:
+            problems.append(f"{r['scenario']}: median deployed regret {r['ours_deployed_regret_median']:.1%} > 2%")
         if r["ours_worse_than_off"]:
-            problems.append(f"{r['scenario']}: recommended a config worse than off")
+            problems.append(f"{r['scenario']}: recommended or deployed a config worse than off")
     return problems
 
 

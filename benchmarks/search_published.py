@@ -108,19 +108,30 @@ class PublishedEngine:
             tpot = c * 1000.0 / thr
             levels.append(
                 LevelResult(
-                    level=level, num_requests=n, duration_s=tokens / thr, output_tokens=tokens,
-                    output_throughput=thr, request_throughput=thr / _OUT_TOKENS, goodput=thr / _OUT_TOKENS,
+                    level=level,
+                    num_requests=n,
+                    duration_s=tokens / thr,
+                    output_tokens=tokens,
+                    output_throughput=thr,
+                    request_throughput=thr / _OUT_TOKENS,
+                    goodput=thr / _OUT_TOKENS,
                     ttft_ms=LatencyStats(tpot, tpot, 1.2 * tpot, 1.5 * tpot),
                     tpot_ms=LatencyStats(tpot, tpot, 1.2 * tpot, 1.5 * tpot),
                     itl_ms=LatencyStats(tpot, tpot, 1.3 * tpot, 2.0 * tpot),
-                    e2e_ms=LatencyStats(tpot * _OUT_TOKENS, tpot * _OUT_TOKENS, 1.2 * tpot * _OUT_TOKENS,
-                                        1.5 * tpot * _OUT_TOKENS),
+                    e2e_ms=LatencyStats(
+                        tpot * _OUT_TOKENS, tpot * _OUT_TOKENS, 1.2 * tpot * _OUT_TOKENS, 1.5 * tpot * _OUT_TOKENS
+                    ),
                     spec_decode=self._counters(cfg, c, tokens, rng),
                 )
             )
         return TrialResult(
-            TrialStatus.SUCCEEDED, Engine.SIMULATED, spec=cfg, levels=tuple(levels),
-            reference_outputs=((1, 2, 3),), hardware="published", vllm_version="published",
+            TrialStatus.SUCCEEDED,
+            Engine.SIMULATED,
+            spec=cfg,
+            levels=tuple(levels),
+            reference_outputs=((1, 2, 3),),
+            hardware="published",
+            vllm_version="published",
         )
 
     def _counters(self, cfg: SpecConfig, c: int, tokens: int, rng: random.Random) -> SpecDecodeStats | None:
@@ -147,25 +158,60 @@ _MTP1 = tuple(0.88 * 0.8**i for i in range(8))
 _NGRAM = (0.85, 0.80, 0.75, 0.72, 0.70, 0.68, 0.66, 0.64)
 
 E3_SGLANG_H100 = (
-    PublishedArm(Method.EAGLE, 3, {2: 1.40, 8: 1.23, 16: 1.02, 24: 0.93, 32: 0.94, 64: 0.99}, _E1,
-                 draft="yuhuili/EAGLE-LLaMA3.1-Instruct-8B", source="E3, SGLang H100"),
-    PublishedArm(Method.EAGLE3, 3, {2: 1.81, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 64: 1.38}, _E3,
-                 draft="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", source="E3, SGLang H100"),
+    PublishedArm(
+        Method.EAGLE,
+        3,
+        {2: 1.40, 8: 1.23, 16: 1.02, 24: 0.93, 32: 0.94, 64: 0.99},
+        _E1,
+        draft="yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
+        source="E3, SGLang H100",
+    ),
+    PublishedArm(
+        Method.EAGLE3,
+        3,
+        {2: 1.81, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 64: 1.38},
+        _E3,
+        draft="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        source="E3, SGLang H100",
+    ),
 )
 E3_VLLM_A100 = (
-    PublishedArm(Method.EAGLE, 2, {2: 1.30, 16: 1.10, 32: 0.93, 56: 0.71}, _E1,
-                 draft="yuhuili/EAGLE-LLaMA3.1-Instruct-8B", source="E3, vLLM A100"),
-    PublishedArm(Method.EAGLE3, 2, {2: 1.75, 16: 1.49, 32: 1.36, 56: 1.01}, _E3,
-                 draft="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", source="E3, vLLM A100"),
+    PublishedArm(
+        Method.EAGLE,
+        2,
+        {2: 1.30, 16: 1.10, 32: 0.93, 56: 0.71},
+        _E1,
+        draft="yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
+        source="E3, vLLM A100",
+    ),
+    PublishedArm(
+        Method.EAGLE3,
+        2,
+        {2: 1.75, 16: 1.49, 32: 1.36, 56: 1.01},
+        _E3,
+        draft="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        source="E3, vLLM A100",
+    ),
 )
 NGRAM_SCOUT_B200 = (
     PublishedArm(Method.NGRAM, 3, {1: 1.96, 4: 1.64, 32: 1.33}, _NGRAM, proposal_rate=0.6, source="TRT-NG"),
 )
 MTP_DSV3_MI300X = (
-    PublishedArm(Method.MTP, 2, {1: 2.11, 2: 2.04, 4: 1.84, 8: 1.70, 16: 1.53, 32: 1.44, 64: 1.25}, _MTP1,
-                 source="ROCm-MTP, 8xMI300X SGLang"),
+    PublishedArm(
+        Method.MTP,
+        2,
+        {1: 2.11, 2: 2.04, 4: 1.84, 8: 1.70, 16: 1.53, 32: 1.44, 64: 1.25},
+        _MTP1,
+        source="ROCm-MTP, 8xMI300X SGLang",
+    ),
 )
 E31_KIMI_GB200 = (
-    PublishedArm(Method.EAGLE3, 3, {1: 2.03, 4: 1.71, 16: 1.66}, _E3, draft="nvidia/Kimi-K2.5-Thinking-Eagle3",
-                 source="E31, GB200 TP4"),
+    PublishedArm(
+        Method.EAGLE3,
+        3,
+        {1: 2.03, 4: 1.71, 16: 1.66},
+        _E3,
+        draft="nvidia/Kimi-K2.5-Thinking-Eagle3",
+        source="E31, GB200 TP4",
+    ),
 )

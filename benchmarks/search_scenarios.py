@@ -71,35 +71,57 @@ def _sim_truth(model: ModelProfile, workload: WorkloadProfile, levels: tuple[Loa
 
 
 def _sim(
-    name: str, description: str, model: ModelProfile, workload: WorkloadProfile, methods: Sequence[Method],
-    concurrencies: Sequence[int] = (1, 8, 32, 128), drafts: dict[Method, list[str]] | None = None,
+    name: str,
+    description: str,
+    model: ModelProfile,
+    workload: WorkloadProfile,
+    methods: Sequence[Method],
+    concurrencies: Sequence[int] = (1, 8, 32, 128),
+    drafts: dict[Method, list[str]] | None = None,
     config: dict | None = None,
 ) -> Scenario:
     levels = levels_for(concurrencies)
-    drafts = drafts if drafts is not None else {
-        m: [f"draft/{m.value}"] for m in methods if m.needs_draft_checkpoint
-    }
+    drafts = drafts if drafts is not None else {m: [f"draft/{m.value}"] for m in methods if m.needs_draft_checkpoint}
     space = build_space(
-        model.name, config, hardware="h100", vllm_version="0.34.0", methods=methods, drafts=drafts,
-        catalog=_NO_CATALOG, ngram_lookups=((2, 4),),
+        model.name,
+        config,
+        hardware="h100",
+        vllm_version="0.34.0",
+        methods=methods,
+        drafts=drafts,
+        catalog=_NO_CATALOG,
+        ngram_lookups=((2, 4),),
     )
     return Scenario(
-        name, "simulated", description, space, levels,
+        name,
+        "simulated",
+        description,
+        space,
+        levels,
         engine=lambda seed: SimulatedEngine(model, workload, noise=NOISE, seed=seed),
         truth=_sim_truth(model, workload, levels),
     )
 
 
 def _published(
-    name: str, description: str, arms: Sequence[pub.PublishedArm], concurrencies: Sequence[int],
+    name: str,
+    description: str,
+    arms: Sequence[pub.PublishedArm],
+    concurrencies: Sequence[int],
     config: dict | None = None,
 ) -> Scenario:
     levels = levels_for(concurrencies)
     methods = sorted({a.method for a in arms}, key=lambda m: m.value)
     drafts = {a.method: [a.draft] for a in arms if a.draft}
     space = build_space(
-        name, config, hardware="h100", vllm_version="0.34.0", methods=methods, drafts=drafts,
-        catalog=_NO_CATALOG, ngram_lookups=((2, 4),),
+        name,
+        config,
+        hardware="h100",
+        vllm_version="0.34.0",
+        methods=methods,
+        drafts=drafts,
+        catalog=_NO_CATALOG,
+        ngram_lookups=((2, 4),),
     )
     truth_engine = pub.PublishedEngine(arms, noise=0.0)
 
@@ -109,8 +131,13 @@ def _published(
         return {lv.label: truth_engine.expected_speedup(spec, lv) for lv in levels}
 
     return Scenario(
-        name, "published", description, space, levels,
-        engine=lambda seed: pub.PublishedEngine(arms, noise=NOISE, seed=seed), truth=truth,
+        name,
+        "published",
+        description,
+        space,
+        levels,
+        engine=lambda seed: pub.PublishedEngine(arms, noise=NOISE, seed=seed),
+        truth=truth,
     )
 
 
@@ -118,45 +145,133 @@ def _profile(name: str, **changes) -> ModelProfile:
     return dataclasses.replace(PRESETS[name], **changes)
 
 
-DSV3_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
-               "n_routed_experts": 256, "num_experts_per_tok": 8, "num_nextn_predict_layers": 1}
+DSV3_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "vocab_size": 129280,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "num_nextn_predict_layers": 1,
+}
 
 
 def scenarios() -> list[Scenario]:
     E, E3, NG, SUF, MTP, DM, DF = (
-        Method.EAGLE, Method.EAGLE3, Method.NGRAM, Method.SUFFIX, Method.MTP, Method.DRAFT_MODEL, Method.DFLASH,
+        Method.EAGLE,
+        Method.EAGLE3,
+        Method.NGRAM,
+        Method.SUFFIX,
+        Method.MTP,
+        Method.DRAFT_MODEL,
+        Method.DFLASH,
     )
     return [
-        _sim("code-eagle3-c1-vs-off-c256", "code traffic on Llama-3.1-8B: deep EAGLE-3 at c1, off at c256",
-             PRESETS["llama-3.1-8b"], WORKLOADS["code"], [E3], concurrencies=(1, 8, 64, 256)),
-        _sim("summarisation-ngram", "summarisation on Llama-3.1-8B: prompt lookup copies the source",
-             PRESETS["llama-3.1-8b"], WORKLOADS["summarisation"], [NG, SUF, E3]),
-        _sim("deepseek-v3-native-mtp", "DeepSeek-V3 with one native MTP layer (read from config.json)",
-             PRESETS["deepseek-v3-mtp"], WORKLOADS["chat"], [MTP, NG], config=DSV3_CONFIG),
-        _sim("eagle-crashes-at-start", "EAGLE-1 crashes at start; EAGLE-3 and ngram run",
-             _profile("llama-3.1-8b", crashing=frozenset({E})), WORKLOADS["chat"], [E, E3, NG]),
-        _sim("moe-eagle3-unsupported", "Qwen3-30B-A3B where eagle3 is refused at start (unsupported_config)",
-             _profile("qwen3-moe-30b", unsupported=frozenset({E3})), WORKLOADS["chat"], [E3, NG, DM]),
-        _sim("70b-eagle3-oom-above-4", "Llama-3.1-70B where EAGLE-3 runs out of memory above depth 4",
-             _profile("llama-3.1-70b", max_depth_before_oom={E3: 4}), WORKLOADS["code"], [E3, NG]),
-        _sim("writing-high-load", "creative writing at c32-c256: speculation barely pays",
-             PRESETS["llama-3.1-8b"], WORKLOADS["writing"], [E3, NG], concurrencies=(32, 64, 128, 256)),
-        _sim("gpt-oss-120b-moe-chat", "gpt-oss-120B (MoE): EAGLE-3 gains persist at high concurrency",
-             PRESETS["gpt-oss-120b"], WORKLOADS["chat"], [E3, NG]),
-        _sim("draft-model-diverges", "a draft model whose outputs diverge must never be recommended",
-             _profile("llama-3.1-8b", diverging=frozenset({DM})), WORKLOADS["math"], [DM, E3]),
-        _sim("moe-dflash-blocks", "Qwen3-30B-A3B with DFlash block sizes against EAGLE-3 and ngram",
-             PRESETS["qwen3-moe-30b"], WORKLOADS["chat"], [DF, E3, NG]),
-        _sim("70b-code-edit-suffix", "code editing on Llama-3.1-70B: ngram, suffix and EAGLE-3",
-             PRESETS["llama-3.1-70b"], WORKLOADS["code-edit"], [NG, SUF, E3]),
-        _published("published-e3-sglang-h100", "EAGLE-1 vs EAGLE-3, Llama-3.1-8B, SGLang H100 (E3), bs 2-64",
-                   pub.E3_SGLANG_H100, (2, 8, 16, 24, 32, 64)),
-        _published("published-e3-vllm-a100", "EAGLE-1 vs EAGLE-3, Llama-3.1-8B, vLLM A100 (E3), bs 2-56",
-                   pub.E3_VLLM_A100, (2, 16, 32, 56)),
-        _published("published-ngram-scout-b200", "n-gram, Llama-4-Scout, B200 (TRT-NG), bs 1/4/32",
-                   pub.NGRAM_SCOUT_B200, (1, 4, 32)),
-        _published("published-mtp-dsv3-mi300x", "MTP, DeepSeek-V3, 8xMI300X (ROCm-MTP), c1-64",
-                   pub.MTP_DSV3_MI300X, (1, 2, 4, 8, 16, 32, 64), config=DSV3_CONFIG),
-        _published("published-e31-kimi-gb200", "EAGLE-3.1, Kimi-K2.6, GB200 TP4 (E31), c1/4/16",
-                   pub.E31_KIMI_GB200, (1, 4, 16)),
+        _sim(
+            "code-eagle3-c1-vs-off-c256",
+            "code traffic on Llama-3.1-8B: deep EAGLE-3 at c1, off at c256",
+            PRESETS["llama-3.1-8b"],
+            WORKLOADS["code"],
+            [E3],
+            concurrencies=(1, 8, 64, 256),
+        ),
+        _sim(
+            "summarisation-ngram",
+            "summarisation on Llama-3.1-8B: prompt lookup copies the source",
+            PRESETS["llama-3.1-8b"],
+            WORKLOADS["summarisation"],
+            [NG, SUF, E3],
+        ),
+        _sim(
+            "deepseek-v3-native-mtp",
+            "DeepSeek-V3 with one native MTP layer (read from config.json)",
+            PRESETS["deepseek-v3-mtp"],
+            WORKLOADS["chat"],
+            [MTP, NG],
+            config=DSV3_CONFIG,
+        ),
+        _sim(
+            "eagle-crashes-at-start",
+            "EAGLE-1 crashes at start; EAGLE-3 and ngram run",
+            _profile("llama-3.1-8b", crashing=frozenset({E})),
+            WORKLOADS["chat"],
+            [E, E3, NG],
+        ),
+        _sim(
+            "moe-eagle3-unsupported",
+            "Qwen3-30B-A3B where eagle3 is refused at start (unsupported_config)",
+            _profile("qwen3-moe-30b", unsupported=frozenset({E3})),
+            WORKLOADS["chat"],
+            [E3, NG, DM],
+        ),
+        _sim(
+            "70b-eagle3-oom-above-4",
+            "Llama-3.1-70B where EAGLE-3 runs out of memory above depth 4",
+            _profile("llama-3.1-70b", max_depth_before_oom={E3: 4}),
+            WORKLOADS["code"],
+            [E3, NG],
+        ),
+        _sim(
+            "writing-high-load",
+            "creative writing at c32-c256: speculation barely pays",
+            PRESETS["llama-3.1-8b"],
+            WORKLOADS["writing"],
+            [E3, NG],
+            concurrencies=(32, 64, 128, 256),
+        ),
+        _sim(
+            "gpt-oss-120b-moe-chat",
+            "gpt-oss-120B (MoE): EAGLE-3 gains persist at high concurrency",
+            PRESETS["gpt-oss-120b"],
+            WORKLOADS["chat"],
+            [E3, NG],
+        ),
+        _sim(
+            "draft-model-diverges",
+            "a draft model whose outputs diverge must never be recommended",
+            _profile("llama-3.1-8b", diverging=frozenset({DM})),
+            WORKLOADS["math"],
+            [DM, E3],
+        ),
+        _sim(
+            "moe-dflash-blocks",
+            "Qwen3-30B-A3B with DFlash block sizes against EAGLE-3 and ngram",
+            PRESETS["qwen3-moe-30b"],
+            WORKLOADS["chat"],
+            [DF, E3, NG],
+        ),
+        _sim(
+            "70b-code-edit-suffix",
+            "code editing on Llama-3.1-70B: ngram, suffix and EAGLE-3",
+            PRESETS["llama-3.1-70b"],
+            WORKLOADS["code-edit"],
+            [NG, SUF, E3],
+        ),
+        _published(
+            "published-e3-sglang-h100",
+            "EAGLE-1 vs EAGLE-3, Llama-3.1-8B, SGLang H100 (E3), bs 2-64",
+            pub.E3_SGLANG_H100,
+            (2, 8, 16, 24, 32, 64),
+        ),
+        _published(
+            "published-e3-vllm-a100",
+            "EAGLE-1 vs EAGLE-3, Llama-3.1-8B, vLLM A100 (E3), bs 2-56",
+            pub.E3_VLLM_A100,
+            (2, 16, 32, 56),
+        ),
+        _published(
+            "published-ngram-scout-b200",
+            "n-gram, Llama-4-Scout, B200 (TRT-NG), bs 1/4/32",
+            pub.NGRAM_SCOUT_B200,
+            (1, 4, 32),
+        ),
+        _published(
+            "published-mtp-dsv3-mi300x",
+            "MTP, DeepSeek-V3, 8xMI300X (ROCm-MTP), c1-64",
+            pub.MTP_DSV3_MI300X,
+            (1, 2, 4, 8, 16, 32, 64),
+            config=DSV3_CONFIG,
+        ),
+        _published(
+            "published-e31-kimi-gb200", "EAGLE-3.1, Kimi-K2.6, GB200 TP4 (E31), c1/4/16", pub.E31_KIMI_GB200, (1, 4, 16)
+        ),
     ]

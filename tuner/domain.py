@@ -516,7 +516,9 @@ class LevelResult:
     itl_ms: LatencyStats = field(default_factory=LatencyStats)
     e2e_ms: LatencyStats = field(default_factory=LatencyStats)
     achieved_concurrency: float | None = None  # mean vllm:num_requests_running during the window
-    below_target: bool = False  # achieved concurrency stayed under 90% of the target
+    below_target: bool = False  # achieved concurrency stayed under 90% of the target (judged on >= 3 samples)
+    gauge_samples: int = 0  # /metrics samples behind achieved_concurrency, peak KV usage and max waiting
+    client_concurrency: float | None = None  # requests in flight on the client side: sum(e2e) / window (Little)
     peak_kv_cache_usage: float | None = None
     max_waiting: float | None = None
     preemptions: int = 0

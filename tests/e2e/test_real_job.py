@@ -39,8 +39,13 @@ def served(tmp_path: Path, cpu_options: RunnerOptions) -> Iterator[tuple[TestCli
     db_url = f"sqlite:///{tmp_path / 'tuner.db'}"
     migrate.upgrade(db_url)
     settings = Settings(
-        database_url=db_url, data_dir=tmp_path, cpu_vllm=True, vllm_python=cpu_options.vllm_python,
-        vllm_extra_env=dict(cpu_options.extra_env), startup_timeout_s=420, poll_s=0.2,
+        database_url=db_url,
+        data_dir=tmp_path,
+        cpu_vllm=True,
+        vllm_python=cpu_options.vllm_python,
+        vllm_extra_env=dict(cpu_options.extra_env),
+        startup_timeout_s=420,
+        poll_s=0.2,
     )
     engine = make_engine(db_url)
     with transaction(make_session_factory(engine)) as s:
@@ -54,14 +59,28 @@ def served(tmp_path: Path, cpu_options: RunnerOptions) -> Iterator[tuple[TestCli
 def test_real_vllm_job_to_recommendation(served: tuple[TestClient, dict[str, str], Settings], tiny_model: Path) -> None:
     client, auth, settings = served
     traffic = [{"prompt": p, "output_tokens": 24} for p in PROMPTS * 2]
-    r = client.post("/tune", headers=auth, json={
-        "model": str(tiny_model), "traffic": traffic, "engine": "vllm", "hardware": "auto",
-        "concurrency": [1, 4], "num_requests": 8, "warmup_requests": 1,
-        "search": {"methods": ["off", "ngram", "draft_model"], "depth_range": [2, 3],
-                   "drafts": {"draft_model": [str(tiny_model)]}},
-        "serving": {"args": {"max_model_len": 512}},
-        "budget": {"max_trials": 3}, "confirm_runs": 3, "correctness_prompts": 2,
-    })
+    r = client.post(
+        "/tune",
+        headers=auth,
+        json={
+            "model": str(tiny_model),
+            "traffic": traffic,
+            "engine": "vllm",
+            "hardware": "auto",
+            "concurrency": [1, 4],
+            "num_requests": 8,
+            "warmup_requests": 1,
+            "search": {
+                "methods": ["off", "ngram", "draft_model"],
+                "depth_range": [2, 3],
+                "drafts": {"draft_model": [str(tiny_model)]},
+            },
+            "serving": {"args": {"max_model_len": 512}},
+            "budget": {"max_trials": 3},
+            "confirm_runs": 3,
+            "correctness_prompts": 2,
+        },
+    )
     assert r.status_code == 202, r.text
     job_url = r.headers["location"]
     deadline = time.monotonic() + 40 * 60
@@ -71,8 +90,14 @@ def test_real_vllm_job_to_recommendation(served: tuple[TestClient, dict[str, str
     trials = client.get(f"{job_url}/trials", headers=auth).json()
     assert job["status"] == "succeeded", (job, [(t["number"], t["failure_class"], t["failure_reason"]) for t in trials])
     summary = [
-        (t["number"], t["purpose"], t["method"], t["status"], t["failure_class"],
-         [(lv["level"]["value"], round(lv["output_throughput"], 1)) for lv in (t["result"] or {}).get("levels", [])])
+        (
+            t["number"],
+            t["purpose"],
+            t["method"],
+            t["status"],
+            t["failure_class"],
+            [(lv["level"]["value"], round(lv["output_throughput"], 1)) for lv in (t["result"] or {}).get("levels", [])],
+        )
         for t in trials
     ]
     print("trials:", *summary, "best:", job["best"], sep="\n")
@@ -98,5 +123,9 @@ def test_real_vllm_job_to_recommendation(served: tuple[TestClient, dict[str, str
     assert len(confirms) >= 3 and all(t["status"] == "succeeded" for t in confirms)  # vLLM accepted it 3 times
     assert body["speedup"]["runs"] >= 3
     # the simulated engine never answers this: the recommendation is a measurement
-    assert client.get("/recommendation", params={"model": str(tiny_model), "engine": "simulated"},
-                      headers=auth).status_code == 404
+    assert (
+        client.get(
+            "/recommendation", params={"model": str(tiny_model), "engine": "simulated"}, headers=auth
+        ).status_code
+        == 404
+    )

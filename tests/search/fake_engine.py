@@ -33,6 +33,7 @@ class FakeEngine:
     fail: Callable[[SpecConfig], FailureClass | None] = lambda spec: None
     diverge: frozenset[Method] = frozenset()
     p99_tpot: Callable[[SpecConfig, LoadLevel, float], float] | None = None
+    schedule_factor: float = 1.0  # throughput factor of a per-batch-size schedule (a cost the model misses)
     calls: list[SpecConfig] = field(default_factory=list)
 
     def speedup(self, spec: SpecConfig, level: LoadLevel) -> float:
@@ -41,7 +42,8 @@ class FakeEngine:
         k = spec.k_at(int(level.value))
         a = self.acceptance[spec.method]
         tau = (1 - a ** (k + 1)) / (1 - a)
-        return tau / (1 + 0.0644 + 0.0008 * level.value + k * (self.cost[spec.method] + self.per_c_cost * level.value))
+        cost = 1 + 0.0644 + 0.0008 * level.value + k * (self.cost[spec.method] + self.per_c_cost * level.value)
+        return tau / cost * (self.schedule_factor if spec.schedule else 1.0)
 
     def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
         self.calls.append(spec.spec)
@@ -56,13 +58,20 @@ class FakeEngine:
             thr = base * self.speedup(cfg, level)
             tpot = c * 1000.0 / thr
             p99 = self.p99_tpot(cfg, level, tpot) if self.p99_tpot else 1.5 * tpot
-            levels.append(LevelResult(
-                level=level, num_requests=level.num_requests, output_tokens=level.num_requests * OUT,
-                output_throughput=thr, request_throughput=thr / OUT, goodput=thr / OUT,
-                ttft_ms=LatencyStats(tpot, tpot, tpot, tpot), tpot_ms=LatencyStats(tpot, tpot, tpot, p99),
-                e2e_ms=LatencyStats(OUT * tpot, OUT * tpot, OUT * tpot, OUT * tpot),
-                spec_decode=self._counters(cfg, level),
-            ))
+            levels.append(
+                LevelResult(
+                    level=level,
+                    num_requests=level.num_requests,
+                    output_tokens=level.num_requests * OUT,
+                    output_throughput=thr,
+                    request_throughput=thr / OUT,
+                    goodput=thr / OUT,
+                    ttft_ms=LatencyStats(tpot, tpot, tpot, tpot),
+                    tpot_ms=LatencyStats(tpot, tpot, tpot, p99),
+                    e2e_ms=LatencyStats(OUT * tpot, OUT * tpot, OUT * tpot, OUT * tpot),
+                    spec_decode=self._counters(cfg, level),
+                )
+            )
         status = TrialStatus.DIVERGED if cfg.method in self.diverge else TrialStatus.SUCCEEDED
         return TrialResult(status, Engine.SIMULATED, spec=cfg, levels=tuple(levels), reference_outputs=((1, 2),))
 

@@ -24,10 +24,25 @@ def main(url: str, log: str, delay: float) -> None:
         time.sleep(delay)
         return engine(spec)
 
-    space = build_space("m", None, hardware="h100", vllm_version="0.34.0", methods=[Method.EAGLE3, Method.NGRAM],
-                        drafts={Method.EAGLE3: ["d/eagle3"]}, ngram_lookups=[(2, 4)])
-    report = tune(space, evaluator, model=ModelRef("m"), requests=[TrafficRequest(format="completions", prompt="x")],
-                  levels=levels(*LEVELS_C), budget=Budget(max_trials=17), storage=url, study_name="killed")
+    space = build_space(
+        "m",
+        None,
+        hardware="h100",
+        vllm_version="0.34.0",
+        methods=[Method.EAGLE3, Method.NGRAM],
+        drafts={Method.EAGLE3: ["d/eagle3"]},
+        ngram_lookups=[(2, 4)],
+    )
+    report = tune(
+        space,
+        evaluator,
+        model=ModelRef("m"),
+        requests=[TrafficRequest(format="completions", prompt="x")],
+        levels=levels(*LEVELS_C),
+        budget=Budget(max_trials=17),
+        storage=url,
+        study_name="killed",
+    )
     print(report.outcome.best.label())
 
 

@@ -9,14 +9,30 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_tune_on_the_simulated_engine_with_history_and_native_mtp():
-    config = {"model_type": "deepseek_v3", "n_routed_experts": 256, "num_experts_per_tok": 8,
-              "num_nextn_predict_layers": 1}
-    space = build_space("deepseek-ai/DeepSeek-V3", config, hardware="h100", vllm_version="0.34.0",
-                        methods=[Method.MTP, Method.NGRAM], ngram_lookups=[(2, 4)])
+    config = {
+        "model_type": "deepseek_v3",
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 8,
+        "num_nextn_predict_layers": 1,
+    }
+    space = build_space(
+        "deepseek-ai/DeepSeek-V3",
+        config,
+        hardware="h100",
+        vllm_version="0.34.0",
+        methods=[Method.MTP, Method.NGRAM],
+        ngram_lookups=[(2, 4)],
+    )
     requests = [TrafficRequest(format="chat", messages=({"role": "user", "content": "hello " * 50},))] * 64
     engine = SimulatedEngine(PRESETS["deepseek-v3-mtp"], WORKLOADS["chat"], seed=3)
-    report = tune(space, engine, model=ModelRef("deepseek-ai/DeepSeek-V3"), requests=requests,
-                  levels=default_levels(requests), budget=Budget(max_trials=10))
+    report = tune(
+        space,
+        engine,
+        model=ModelRef("deepseek-ai/DeepSeek-V3"),
+        requests=requests,
+        levels=default_levels(requests),
+        budget=Budget(max_trials=10),
+    )
     assert report.outcome.best.method is Method.MTP
     assert report.history[0][0].purpose == "baseline"
     assert report.search_trials <= 6 and report.trials_run >= report.search_trials + 6
@@ -24,8 +40,15 @@ def test_tune_on_the_simulated_engine_with_history_and_native_mtp():
 
 
 def test_a_raising_evaluator_is_recorded_not_fatal():
-    space = build_space("m", None, hardware="h100", vllm_version="0.34.0", methods=[Method.NGRAM],
-                        ngram_lookups=[(2, 4)], depth_range=(1, 2))
+    space = build_space(
+        "m",
+        None,
+        hardware="h100",
+        vllm_version="0.34.0",
+        methods=[Method.NGRAM],
+        ngram_lookups=[(2, 4)],
+        depth_range=(1, 2),
+    )
     engine = SimulatedEngine(PRESETS["llama-3.1-8b"], WORKLOADS["code"])
 
     def flaky(spec):
@@ -33,8 +56,14 @@ def test_a_raising_evaluator_is_recorded_not_fatal():
             raise RuntimeError("boom")
         return engine(spec)
 
-    report = tune(space, flaky, model=ModelRef("m"), requests=[TrafficRequest(format="completions", prompt="x")],
-                  levels=default_levels([]), confirm_runs=0)
+    report = tune(
+        space,
+        flaky,
+        model=ModelRef("m"),
+        requests=[TrafficRequest(format="completions", prompt="x")],
+        levels=default_levels([]),
+        confirm_runs=0,
+    )
     failed = [r for _, r in report.history if r.failure is not None]
     assert failed and failed[0].failure.cls.value == "internal"
 

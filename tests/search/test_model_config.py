@@ -3,8 +3,14 @@ import json
 from tuner.search import model_traits, read_model_config
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096}
-DSV3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
-        "n_routed_experts": 256, "num_experts_per_tok": 8, "num_nextn_predict_layers": 1}
+DSV3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "vocab_size": 129280,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "num_nextn_predict_layers": 1,
+}
 
 
 def test_reads_a_local_directory(tmp_path):
@@ -38,11 +44,24 @@ def test_traits_dense_and_moe_with_mtp():
 
 
 def test_traits_read_every_mtp_key_and_nested_text_config():
-    assert model_traits({"model_type": "qwen3_5_moe", "mtp_num_hidden_layers": 1, "num_experts": 512,
-                         "num_experts_per_tok": 10}).mtp_layers == 1
+    assert (
+        model_traits(
+            {"model_type": "qwen3_5_moe", "mtp_num_hidden_layers": 1, "num_experts": 512, "num_experts_per_tok": 10}
+        ).mtp_layers
+        == 1
+    )
     assert model_traits({"model_type": "minimax_m3", "num_mtp_modules": 3}).mtp_layers == 3
     assert model_traits({"model_type": "inkling", "mtp_config": {"num_nextn_predict_layers": 2}}).mtp_layers == 2
-    kimi = model_traits({"architectures": ["KimiK3ForConditionalGeneration"],
-                         "text_config": {"model_type": "kimi_k3", "num_nextn_predict_layers": 1, "vocab_size": 163840,
-                                         "n_routed_experts": 384, "num_experts_per_tok": 8}})
+    kimi = model_traits(
+        {
+            "architectures": ["KimiK3ForConditionalGeneration"],
+            "text_config": {
+                "model_type": "kimi_k3",
+                "num_nextn_predict_layers": 1,
+                "vocab_size": 163840,
+                "n_routed_experts": 384,
+                "num_experts_per_tok": 8,
+            },
+        }
+    )
     assert kimi.mtp_layers == 1 and kimi.moe and kimi.vocab_size == 163840 and kimi.family == "kimi"

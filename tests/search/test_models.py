@@ -39,8 +39,14 @@ def test_acceptance_curve_predicts_every_shallower_depth():
 
 
 def test_variable_length_curve_uses_decode_steps_when_known():
-    sd = SpecDecodeStats(num_drafts=500, num_draft_tokens=1500, num_accepted_tokens=600,
-                         accepted_per_position=(300, 200, 100), num_speculative_tokens=3, decode_steps=1000)
+    sd = SpecDecodeStats(
+        num_drafts=500,
+        num_draft_tokens=1500,
+        num_accepted_tokens=600,
+        accepted_per_position=(300, 200, 100),
+        num_speculative_tokens=3,
+        decode_steps=1000,
+    )
     biased = AcceptanceCurve.pooled([sd])
     true = AcceptanceCurve.pooled([sd], use_steps=True)
     assert biased.tau(3) == pytest.approx(sd.acceptance_length)
@@ -64,7 +70,7 @@ def test_default_levels_follow_the_sample():
 
 def test_geometric_objective_and_slo_violation():
     assert combine({"c1": 2.0, "c128": 0.5}, {"c1": 1.0, "c128": 1.0}) == pytest.approx(1.0)
-    assert combine({"c1": 2.0, "c128": 0.5}, {"c1": 3.0, "c128": 1.0}) == pytest.approx(2 ** 0.5)
+    assert combine({"c1": 2.0, "c128": 0.5}, {"c1": 3.0, "c128": 1.0}) == pytest.approx(2**0.5)
     lr = LevelResult(level=LoadLevel(), tpot_ms=LatencyStats(p99=30.0), ttft_ms=LatencyStats(p99=100.0))
     from tuner.domain import SLO
 

@@ -14,8 +14,15 @@ LEVELS = levels(1, 8, 32, 128)
 
 
 def space(methods=(Method.EAGLE3, Method.NGRAM)):
-    return build_space("m", LLAMA, hardware="h100", vllm_version="0.34.0", methods=list(methods),
-                       drafts={Method.EAGLE3: ["d/eagle3"]}, ngram_lookups=[(2, 4)])
+    return build_space(
+        "m",
+        LLAMA,
+        hardware="h100",
+        vllm_version="0.34.0",
+        methods=list(methods),
+        drafts={Method.EAGLE3: ["d/eagle3"]},
+        ngram_lookups=[(2, 4)],
+    )
 
 
 def run(planner: OptunaPlanner, engine: FakeEngine, limit: int = 200):
@@ -104,12 +111,14 @@ def test_unsupported_is_never_proposed_again_and_free():
 
 
 def test_oom_narrows_depths_below_the_failed_one():
-    engine = FakeEngine(fail=lambda s: FailureClass.OOM if s.method is Method.EAGLE3 and s.num_speculative_tokens > 3
-                        else None)
+    engine = FakeEngine(
+        fail=lambda s: FailureClass.OOM if s.method is Method.EAGLE3 and s.num_speculative_tokens > 3 else None
+    )
     planner = OptunaPlanner(space([Method.EAGLE3]), LEVELS, budget=Budget(max_trials=12))
     history = run(planner, engine)
-    depths = [p.spec.num_speculative_tokens for p, _ in history
-              if p.spec.method is Method.EAGLE3 and p.purpose != "confirm"]
+    depths = [
+        p.spec.num_speculative_tokens for p, _ in history if p.spec.method is Method.EAGLE3 and p.purpose != "confirm"
+    ]
     assert depths[0] == 8 and depths[1] == 4  # halved after the first OOM
     failed = {p.spec.num_speculative_tokens for p, r in history if r.status is TrialStatus.FAILED}
     assert all(d not in failed or d == min(x for x in failed if x >= d) for d in depths)
@@ -158,8 +167,9 @@ def test_slo_violations_are_infeasible():
     run(planner, engine)
     out = planner.outcome()
     assert out.best.method is Method.EAGLE3 and out.best.num_speculative_tokens <= 2
-    infeasible = [t for t in planner.study.trials
-                  if t.state.name == "COMPLETE" and any(v > 0 for v in t.constraints.values())]
+    infeasible = [
+        t for t in planner.study.trials if t.state.name == "COMPLETE" and any(v > 0 for v in t.constraints.values())
+    ]
     assert infeasible  # the probe at depth 8 was recorded as infeasible for TPE
     for w in out.per_level_winners:
         if w.level in ("c32", "c128"):
@@ -244,8 +254,7 @@ def test_rate_levels_get_no_schedule():
     engine = FakeEngine()
     ref = None
     while (p := planner.ask()) is not None:
-        r = engine(TrialSpec(model=ModelRef("m"), spec=p.spec, levels=rate_levels, requests=(),
-                             reference_outputs=ref))
+        r = engine(TrialSpec(model=ModelRef("m"), spec=p.spec, levels=rate_levels, requests=(), reference_outputs=ref))
         ref = ref or r.reference_outputs
         planner.tell(p.number, r)
     out = planner.outcome()

@@ -22,8 +22,12 @@ def test_sigkill_mid_tune_then_resume(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'tune.db'}"
     log = tmp_path / "started.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.search.kill_target", url, str(log), "0.3"], cwd=ROOT,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.search.kill_target", url, str(log), "0.3"],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while len(_lines(log)) < 4:
@@ -46,11 +50,18 @@ def test_sigkill_mid_tune_then_resume(tmp_path, monkeypatch):
     assert all(int(number) > max(told) for number, _ in after)  # no finished trial number ran again
     finished_keys = {line.split(" ", 1)[1] for line in before[: len(told)]}
     study = optuna.load_study(study_name="killed", storage=url)
-    search_after = [t for t in study.trials if t.number > max(told) and t.user_attrs.get("purpose") == "search"
-                    and "result" in t.user_attrs]
+    search_after = [
+        t
+        for t in study.trials
+        if t.number > max(told) and t.user_attrs.get("purpose") == "search" and "result" in t.user_attrs
+    ]
     from tuner.domain import SpecConfig, from_jsonable
 
-    assert not [t for t in search_after if from_jsonable(SpecConfig, t.user_attrs["spec"]).key() in finished_keys
-                and t.user_attrs.get("retry_of") is None]
+    assert not [
+        t
+        for t in search_after
+        if from_jsonable(SpecConfig, t.user_attrs["spec"]).key() in finished_keys
+        and t.user_attrs.get("retry_of") is None
+    ]
     assert all(t.state.name != "RUNNING" for t in study.trials)
     assert study.user_attrs.get("search_finished")

@@ -28,10 +28,17 @@ def test_every_catalog_entry_has_a_source_and_is_unverified():
 
 
 def test_request_drafts_come_first_and_catalog_is_extendable():
-    cat = DraftCatalog().extended([{"method": "dflash", "checkpoint": "me/dflash", "targets": ["*my-model*"],
-                                    "source": "https://example.org"}])
-    space = build_space("org/my-model", LLAMA, hardware="h100", vllm_version="0.34.0", catalog=cat,
-                        drafts={Method.EAGLE3: ["me/eagle3"]})
+    cat = DraftCatalog().extended(
+        [{"method": "dflash", "checkpoint": "me/dflash", "targets": ["*my-model*"], "source": "https://example.org"}]
+    )
+    space = build_space(
+        "org/my-model",
+        LLAMA,
+        hardware="h100",
+        vllm_version="0.34.0",
+        catalog=cat,
+        drafts={Method.EAGLE3: ["me/eagle3"]},
+    )
     assert "eagle3@me/eagle3" in keys(space) and "dflash@me/dflash" in keys(space)
     assert space.option("dflash@me/dflash").depths == (4, 8, 16)
     assert isinstance(cat.entries[0], DraftEntry)
@@ -42,28 +49,53 @@ def test_mtp_from_config_with_depths_the_layers_allow():
     assert space.option("mtp").depths == tuple(range(1, 9))
     assert mtp_depths(3) == (1, 2, 3, 6)
     assert mtp_depths(2) == (1, 2, 4, 6, 8)
-    none = build_space("meta-llama/Llama-3.1-8B-Instruct", LLAMA, hardware="h100", vllm_version="0.34.0",
-                       methods=[Method.MTP])
+    none = build_space(
+        "meta-llama/Llama-3.1-8B-Instruct", LLAMA, hardware="h100", vllm_version="0.34.0", methods=[Method.MTP]
+    )
     assert keys(none) == ["off"] and none.excluded[0].method is Method.MTP
 
 
 def test_version_and_hardware_filters_are_overridable():
-    medusa = build_space("m", LLAMA, hardware="h100", vllm_version="0.33.0", methods=[Method.MEDUSA],
-                         drafts={Method.MEDUSA: ["x/medusa"]})
+    medusa = build_space(
+        "m",
+        LLAMA,
+        hardware="h100",
+        vllm_version="0.33.0",
+        methods=[Method.MEDUSA],
+        drafts={Method.MEDUSA: ["x/medusa"]},
+    )
     assert "medusa" not in " ".join(keys(medusa)) and "removed in vLLM 0.33" in medusa.excluded[0].reason
-    old = build_space("m", LLAMA, hardware="cpu", vllm_version="0.32.0+cpu", methods=[Method.MEDUSA],
-                      drafts={Method.MEDUSA: ["x/medusa"]})
+    old = build_space(
+        "m",
+        LLAMA,
+        hardware="cpu",
+        vllm_version="0.32.0+cpu",
+        methods=[Method.MEDUSA],
+        drafts={Method.MEDUSA: ["x/medusa"]},
+    )
     assert "medusa@x/medusa" in keys(old)
     rocm = build_space("m", LLAMA, hardware="rocm-mi300x", vllm_version="0.33.0")
     assert "suffix" not in keys(rocm) and any(e.method is Method.SUFFIX for e in rocm.excluded)
-    forced = build_space("m", LLAMA, hardware="rocm-mi300x", vllm_version="0.33.0",
-                         compat_overrides={Method.SUFFIX: True, Method.NGRAM: "broken on this cluster"})
+    forced = build_space(
+        "m",
+        LLAMA,
+        hardware="rocm-mi300x",
+        vllm_version="0.33.0",
+        compat_overrides={Method.SUFFIX: True, Method.NGRAM: "broken on this cluster"},
+    )
     assert "suffix" in keys(forced) and "ngram" not in keys(forced)
     assert parse_version("0.32.0+cpu") == (0, 32, 0)
 
 
 def test_depth_range_and_method_restriction():
-    space = build_space("m", LLAMA, hardware="h100", vllm_version=None, methods=[Method.NGRAM], depth_range=(2, 4),
-                        ngram_lookups=[(2, 4)])
+    space = build_space(
+        "m",
+        LLAMA,
+        hardware="h100",
+        vllm_version=None,
+        methods=[Method.NGRAM],
+        depth_range=(2, 4),
+        ngram_lookups=[(2, 4)],
+    )
     assert keys(space) == ["off", "ngram"] and space.option("ngram").depths == (2, 3, 4)
     assert space.grid_size == 4

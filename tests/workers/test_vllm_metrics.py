@@ -78,3 +78,5 @@ def test_gauge_summary_and_below_target() -> None:
     assert vm.below_target(summary.mean_running, 4)  # 3 < 3.6
     assert not vm.below_target(3.7, 4)
     assert not vm.below_target(summary.mean_running, None)  # open loop: no target
+    # a short window read once, between two requests, is not judged
+    assert not vm.below_target(0.0, 1, samples=1) and vm.below_target(0.0, 1, samples=3)

@@ -116,8 +116,15 @@ class Analysis(Predictions):
         self.search_records = search
         self.baseline_runs = [r for r in search if r.spec is not None and r.spec.is_off and r.measured]
         self.baseline_failed = next(
-            (r for r in search if r.purpose == "baseline" and r.result is not None and not r.measured
-             and r.result.failure is not None and r.result.failure.cls not in RETRYABLE),
+            (
+                r
+                for r in search
+                if r.purpose == "baseline"
+                and r.result is not None
+                and not r.measured
+                and r.result.failure is not None
+                and r.result.failure.cls not in RETRYABLE
+            ),
             None,
         )
         self.baseline: dict[str, LevelResult] = {}
@@ -135,7 +142,8 @@ class Analysis(Predictions):
         self.stats = self._config_stats(search)
         # measured even before the baseline is in (parallel runners): never proposed again
         self.measured_keys = {
-            r.spec.key() for r in search
+            r.spec.key()
+            for r in search
             if r.spec is not None and r.result is not None and r.result.status.has_figures()
         }
         self.noise = noise if noise is not None else self._estimate_noise()
@@ -212,9 +220,17 @@ class Analysis(Predictions):
         return out
 
     def _estimate_noise(self) -> float:
-        """Pooled relative spread of repeated measurements of one config; 3% until there are repeats."""
+        """The measured run-to-run noise: pooled relative spread of repeated runs of one configuration.
+
+        Every configuration run more than once counts: repeats in the search, and the confirmation runs,
+        which re-measure the baseline, the winner and the schedule on fresh servers (with their search
+        runs). Each run's objective is its weighted geometric mean of per-level ratios to the baseline's mean
+        figures; the noise is the pooled standard deviation of its logarithm around each configuration's own
+        mean (so the offset of one configuration against another does not count), kept within 1%-20%.
+        3% (``DEFAULT_NOISE``) until there are at least two repeats to pool.
+        """
         devs: list[float] = []
-        for st in self.stats.values():
+        for st in self._config_stats(self.records).values():
             if st.runs < 2:
                 continue
             per_run = [
@@ -270,52 +286,73 @@ class Analysis(Predictions):
         """Best eligible static config from the search trials (off if nothing else was measured)."""
         return self.incumbent()
 
+    def schedule_arm(self) -> ConfigStats | None:
+        """The static config whose method+draft (and ngram lookup window) a schedule may vary K for.
+
+        A schedule varies K for one method and one draft, chosen by the objective over all levels: the arm of
+        the static winner, or, when "off" wins, of the best speculative static config (a schedule with K = 0
+        at the levels where speculation loses may still beat off). Per-level winners of other arms cannot
+        be part of it (the outcome's notes say when they differ).
+        """
+        return next((st for st in self.ranked() if not st.spec.is_off), None)
+
     def schedule(self) -> tuple[SpecConfig | None, float, dict[str, float], list[str]]:
-        """The best per-batch-size schedule over one method+draft (None if K would not vary)."""
-        notes: list[str] = []
+        """The per-batch-size schedule over the arm of ``schedule_arm`` (None if K would not vary).
+
+        At each level the depth with the best measured (or, for untried fixed-length depths, predicted)
+        speedup; K = 0 where no depth beats off at that level (assumed to run like off: the confirmation runs
+        check it). Returns the schedule, its predicted objective, its per-level predictions and notes.
+        """
         if any(self.concurrency.get(label) is None for label in self.labels):
             return None, 0.0, {}, ["no schedule: some levels are not closed-loop concurrencies"]
-        best: tuple[float, SpecConfig, dict[str, float]] | None = None
-        for opt in self.space.options:
-            if not opt.method.supports_batch_schedule or opt.key in self.excluded_arms:
-                continue
-            for lookup in opt.lookups or (None,):
-                picks: dict[str, tuple[int, float]] = {}
-                for label in self.labels:
-                    choice = (0, 1.0)
-                    for spec in (opt.spec(k, lookup) for k in opt.depths):
-                        cap = self.caps.get(opt.key)
-                        if cap is not None and spec.num_speculative_tokens >= cap:
-                            continue
-                        st = self.stats.get(spec.key())
-                        if st is not None:
-                            if not self.eligible(st) or label not in st.per_level():
-                                continue
-                            s = st.per_level()[label]
-                        elif opt.fixed_length and spec.key() not in self.failed_configs:
-                            per_level, _ = self.predict(opt, spec)
-                            arm = self._arm_model(opt, lookup)
-                            if per_level is None or arm is None or spec.num_speculative_tokens > arm.depth:
-                                continue
-                            s = per_level[label]
-                        else:
-                            continue
-                        if s > choice[1]:
-                            choice = (spec.num_speculative_tokens, s)
-                    picks[label] = choice
-                ks = {label: k for label, (k, _) in picks.items()}
-                if len(set(ks.values())) < 2 or max(ks.values()) == 0:
+        static = self.schedule_arm()
+        opt = self.option_of(static.spec) if static is not None else None
+        if opt is not None and not opt.method.supports_batch_schedule:
+            return None, 0.0, {}, [f"no schedule: vLLM takes no per-batch-size K for {opt.method.value}"]
+        if opt is None or opt.key in self.excluded_arms:
+            return None, 0.0, {}, []
+        lookup = (static.spec.prompt_lookup_min, static.spec.prompt_lookup_max) if opt.lookups else None
+        cap = self.caps.get(opt.key)
+        arm = self._arm_model(opt, lookup) if opt.fixed_length else None
+        picks: dict[str, tuple[int, float]] = {}
+        for label in self.labels:
+            choice = (0, 1.0)
+            for spec in (opt.spec(k, lookup) for k in opt.depths):
+                if cap is not None and spec.num_speculative_tokens >= cap:
                     continue
-                value = combine({label: s for label, (_, s) in picks.items()}, self.weights)
-                by_c = {int(self.concurrency[label]): k for label, k in ks.items()}
-                lo, hi = lookup if lookup else (None, None)
-                spec = SpecConfig(
-                    method=opt.method, num_speculative_tokens=max(ks.values()), model=opt.draft,
-                    prompt_lookup_min=lo, prompt_lookup_max=hi,
-                    schedule=build_schedule(by_c, self.max_num_seqs),
-                )
-                if best is None or value > best[0]:
-                    best = (value, spec, {label: s for label, (_, s) in picks.items()})
-        if best is None:
-            return None, 0.0, {}, notes
-        return best[1], best[0], best[2], notes
+                st = self.stats.get(spec.key())
+                if st is not None:
+                    if not self.eligible(st) or label not in st.per_level():
+                        continue
+                    s = st.per_level()[label]
+                elif opt.fixed_length and spec.key() not in self.failed_configs:
+                    per_level, _ = self.predict(opt, spec)
+                    if per_level is None or arm is None or spec.num_speculative_tokens > arm.depth:
+                        continue
+                    s = per_level[label]
+                else:
+                    continue
+                if s > choice[1]:
+                    choice = (spec.num_speculative_tokens, s)
+            picks[label] = choice
+        ks = {label: k for label, (k, _) in picks.items()}
+        if len(set(ks.values())) < 2 or max(ks.values()) == 0:
+            k = max(ks.values())
+            why = f"K = {k} is best at every level" if k else "no depth beats off at any level"
+            return (
+                None,
+                0.0,
+                {},
+                [f"no schedule for {opt.key}{f' lookup={lookup[0]}-{lookup[1]}' if lookup else ''}: {why}"],
+            )
+        lo, hi = lookup if lookup else (None, None)
+        spec = SpecConfig(
+            method=opt.method,
+            num_speculative_tokens=max(ks.values()),
+            model=opt.draft,
+            prompt_lookup_min=lo,
+            prompt_lookup_max=hi,
+            schedule=build_schedule({int(self.concurrency[lb]): k for lb, k in ks.items()}, self.max_num_seqs),
+        )
+        per_level = {label: s for label, (_, s) in picks.items()}
+        return spec, combine(per_level, self.weights), per_level, []

@@ -26,9 +26,13 @@ if TYPE_CHECKING:
 def _confirm_runs(records: Sequence[Record], spec: SpecConfig) -> list[TrialResult]:
     key = spec.key()
     return [
-        r.result for r in sorted(records, key=lambda r: r.number)
-        if r.purpose == "confirm" and r.spec is not None and r.spec.key() == key
-        and r.result is not None and r.result.status is TrialStatus.SUCCEEDED
+        r.result
+        for r in sorted(records, key=lambda r: r.number)
+        if r.purpose == "confirm"
+        and r.spec is not None
+        and r.spec.key() == key
+        and r.result is not None
+        and r.result.status is TrialStatus.SUCCEEDED
     ]
 
 
@@ -48,16 +52,17 @@ def paired_speedup(a: Analysis, runs: Sequence[TrialResult], baselines: Sequence
     if not per_run:
         return None
     return Speedup(
-        mean=statistics.fmean(per_run), low=min(per_run), high=max(per_run), runs=len(per_run),
+        mean=statistics.fmean(per_run),
+        low=min(per_run),
+        high=max(per_run),
+        runs=len(per_run),
         per_level={label: statistics.fmean(v) for label, v in per_level.items()},
     )
 
 
 def search_speedup(a: Analysis, st: ConfigStats) -> Speedup:
     per_run = [combine({lb: v[i] for lb, v in st.ratios.items() if len(v) > i}, a.weights) for i in range(st.runs)]
-    return Speedup(
-        mean=a.speedup(st), low=min(per_run), high=max(per_run), runs=st.runs, per_level=st.per_level()
-    )
+    return Speedup(mean=a.speedup(st), low=min(per_run), high=max(per_run), runs=st.runs, per_level=st.per_level())
 
 
 def per_level_winners(a: Analysis, records: Sequence[Record]) -> tuple[LevelWinner, ...]:
@@ -86,9 +91,7 @@ def _short(spec: SpecConfig) -> str:
     return f"{spec.method.value} k={spec.num_speculative_tokens}" + (" (schedule)" if spec.schedule else "")
 
 
-def build_outcome(
-    planner: OptunaPlanner, a: Analysis, records: Sequence[Record]
-) -> tuple[TuneOutcome, Speedup | None]:
+def build_outcome(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]) -> tuple[TuneOutcome, Speedup | None]:
     notes: list[str] = []
     noise = a.noise
     notes.append(
@@ -102,74 +105,42 @@ def build_outcome(
     engine = planner.engine(list(records))
     winners = per_level_winners(a, records) if a.has_baseline else ()
     if not a.has_baseline:
-        notes.append("no baseline figures yet: nothing to compare" if a.baseline_failed is None
-                     else "the baseline failed: no speculative configuration can be compared")
+        notes.append(
+            "no baseline figures yet: nothing to compare"
+            if a.baseline_failed is None
+            else "the baseline failed: no speculative configuration can be compared"
+        )
         return TuneOutcome(
-            best=SpecConfig(), schedule=None, per_level_winners=(), speedup=None, baseline_trial=baseline_trial,
-            best_trial=None, notes=tuple(notes), engine=engine,
-            skipped=_skipped(planner, a, records), confirm_trials=_confirm_numbers(records),
+            best=SpecConfig(),
+            schedule=None,
+            per_level_winners=(),
+            speedup=None,
+            baseline_trial=baseline_trial,
+            best_trial=None,
+            notes=tuple(notes),
+            engine=engine,
+            skipped=_skipped(planner, a, records),
+            confirm_trials=_confirm_numbers(records),
         ), None
 
     baselines = _confirm_runs(records, SpecConfig())
-    off_speedup = Speedup(1.0, 1.0, 1.0, max(len(baselines), len(a.baseline_runs)), dict.fromkeys(a.labels, 1.0))
-    targets = dict((role, spec) for role, spec in planner.confirm_targets(a))
-    win = a.winner()
-    best, best_trial, speedup = SpecConfig(), baseline_trial, off_speedup
-    if win is not None and not win.spec.is_off:
-        s_search = a.speedup(win)
-        runs = _confirm_runs(records, win.spec)
-        confirmed = paired_speedup(a, runs, baselines) if "winner" in targets else None
-        if s_search <= 1 + noise:
-            candidate = paired_speedup(a, runs, baselines) if "candidate" in targets else None
-            measured = (
-                f"; re-measured at {candidate.mean:.3f}x ({candidate.low:.3f}-{candidate.high:.3f}) over "
-                f"{candidate.runs} confirmation runs" if candidate is not None and candidate.runs else ""
-            )
-            notes.append(f"off: the best configuration found ({win.spec.label()}, {s_search:.3f}x in the search"
-                         f"{measured}) does not beat the baseline beyond the noise ({noise:.1%}); do not speculate")
-        elif confirmed is not None and confirmed.runs >= planner.confirm_runs:
-            if confirmed.mean <= 1 + noise:
-                notes.append(f"off: {win.spec.label()} measured {s_search:.3f}x in the search but "
-                             f"{confirmed.mean:.3f}x over {confirmed.runs} confirmation runs, within noise of the "
-                             "baseline; "
-                             "do not speculate")
-            else:
-                best, best_trial, speedup = win.spec, win.numbers[0], confirmed
-        else:
-            best, best_trial = win.spec, win.numbers[0]
-            speedup = search_speedup(a, win) if confirmed is None or not confirmed.runs else confirmed
-            notes.append(f"unconfirmed: speedup of {win.spec.label()} from {speedup.runs} "
-                         f"{'search' if confirmed is None or not confirmed.runs else 'confirmation'} run(s); "
-                         f"{planner.confirm_runs} confirmation runs pending")
-    elif win is not None:
-        notes.append("off: no speculative configuration was measured that beats the baseline; do not speculate")
-
-    schedule, sched_speedup = None, None
-    sched, value, sched_levels, sched_notes = a.schedule()
-    notes.extend(sched_notes)
-    if sched is not None and "schedule" in targets:
-        runs = _confirm_runs(records, sched)
-        sched_speedup = paired_speedup(a, runs, baselines)
-        if sched_speedup is not None and sched_speedup.runs >= planner.confirm_runs:
-            if sched_speedup.mean > 1 + noise:
-                schedule = sched
-                cmp = f" vs the static best's {speedup.mean:.3f}x" if not best.is_off else ""
-                notes.append(f"schedule {sched.label()}: {sched_speedup.mean:.3f}x "
-                             f"({sched_speedup.low:.3f}-{sched_speedup.high:.3f}) over {sched_speedup.runs} runs{cmp}")
-            else:
-                notes.append(f"schedule {sched.label()} confirmed at {sched_speedup.mean:.3f}x, within noise of off: "
-                             "not recommended")
-        else:
-            schedule = sched
-            notes.append(f"unconfirmed schedule {sched.label()}: predicted {value:.3f}x from the search trials")
-    elif sched is not None:
-        notes.append(f"no schedule: the best one ({sched.label()}, {value:.3f}x predicted) does not beat the "
-                     "baseline beyond noise")
+    best, best_trial, speedup = _static_best(planner, a, records, baselines, notes)
+    schedule, speedup, sched_speedup = _schedule(planner, a, records, baselines, best, speedup, notes)
+    if schedule is None and best.is_off:
+        notes.append("do not speculate: nothing beats the baseline beyond noise")
 
     labels = [w.level for w in winners]
     arms = {_arm(w.spec) for w in winners}
     if len(arms) > 1:
-        notes.append("per-level winners differ: " + ", ".join(f"{_short(w.spec)} wins at {w.level}" for w in winners))
+        sched_arm = a.schedule_arm()
+        one = (
+            f"; a schedule varies K for one method+draft only, the best over all levels: {_arm(sched_arm.spec)}"
+            if sched_arm is not None
+            else ""
+        )
+        notes.append(
+            "per-level winners differ: " + ", ".join(f"{_short(w.spec)} wins at {w.level}" for w in winners) + one
+        )
     elif winners:
         notes.append(f"one method+draft wins at every level ({', '.join(labels)}): {_arm(winners[0].spec)}")
     for arm, reason in a.excluded_arms.items():
@@ -179,15 +150,131 @@ def build_outcome(
     for ex in planner.space.excluded:
         notes.append(f"{ex.method.value}{'@' + ex.draft if ex.draft else ''} not in the space: {ex.reason}")
     outcome = TuneOutcome(
-        best=best, schedule=schedule, per_level_winners=winners, speedup=speedup, baseline_trial=baseline_trial,
-        best_trial=best_trial, confirm_trials=_confirm_numbers(records), skipped=_skipped(planner, a, records),
-        notes=tuple(notes), engine=engine,
+        best=best,
+        schedule=schedule,
+        per_level_winners=winners,
+        speedup=speedup,
+        baseline_trial=baseline_trial,
+        best_trial=best_trial,
+        confirm_trials=_confirm_numbers(records),
+        skipped=_skipped(planner, a, records),
+        notes=tuple(notes),
+        engine=engine,
     )
     return outcome, sched_speedup
 
 
+def _confirmed(planner: OptunaPlanner, speedup: Speedup | None) -> bool:
+    """Measured on fresh servers as often as the planner confirms (never, when confirm_runs is 0)."""
+    return speedup is not None and planner.confirm_runs > 0 and speedup.runs >= planner.confirm_runs
+
+
+def _static_best(
+    planner: OptunaPlanner,
+    a: Analysis,
+    records: Sequence[Record],
+    baselines: Sequence[TrialResult],
+    notes: list[str],
+) -> tuple[SpecConfig, int | None, Speedup]:
+    """The static best, its search trial and its speedup: "off" unless it beats the baseline beyond noise.
+
+    With its confirmation runs complete, they decide (their mean against 1 + noise); before that, or when
+    it is not confirmed (``confirm_runs`` 0, or a clear loser), its search figure does.
+    """
+    noise = a.noise
+    baseline_trial = a.baseline_runs[0].number if a.baseline_runs else None
+    off = Speedup(1.0, 1.0, 1.0, max(len(baselines), len(a.baseline_runs)), dict.fromkeys(a.labels, 1.0))
+    win = a.winner()
+    if win is None or win.spec.is_off:
+        if win is not None:
+            notes.append("off: no static speculative configuration measured beats the baseline")
+        return SpecConfig(), baseline_trial, off
+    s_search = a.speedup(win)
+    runs = _confirm_runs(records, win.spec)
+    confirmed = paired_speedup(a, runs, baselines) if runs else None
+    if _confirmed(planner, confirmed):
+        if confirmed.mean > 1 + noise:
+            return win.spec, win.numbers[0], confirmed
+        notes.append(
+            f"off: {win.spec.label()} measured {s_search:.3f}x in the search but {confirmed.mean:.3f}x "
+            f"({confirmed.low:.3f}-{confirmed.high:.3f}) over {confirmed.runs} confirmation runs, within "
+            f"noise ({noise:.1%}) of the baseline"
+        )
+        return SpecConfig(), baseline_trial, off
+    if s_search <= 1 + noise:
+        notes.append(
+            f"off: the best configuration found ({win.spec.label()}, {s_search:.3f}x in the search) does "
+            f"not beat the baseline beyond the noise ({noise:.1%})"
+        )
+        return SpecConfig(), baseline_trial, off
+    partial = confirmed is not None and confirmed.runs > 0
+    speedup = confirmed if partial else search_speedup(a, win)
+    notes.append(
+        f"unconfirmed: speedup of {win.spec.label()} from {speedup.runs} "
+        f"{'confirmation' if partial else 'search'} run(s); {planner.confirm_runs} confirmation runs "
+        f"{'pending' if planner.confirm_runs else 'disabled'}"
+    )
+    return win.spec, win.numbers[0], speedup
+
+
+def _schedule(
+    planner: OptunaPlanner,
+    a: Analysis,
+    records: Sequence[Record],
+    baselines: Sequence[TrialResult],
+    best: SpecConfig,
+    speedup: Speedup,
+    notes: list[str],
+) -> tuple[SpecConfig | None, Speedup, Speedup | None]:
+    """The schedule to deploy (or None), the speedup of what is deployed, and the schedule's own speedup.
+
+    A schedule is deployed only once its own confirmation runs are complete, they beat the baseline beyond
+    noise, and they are not worse than the static best's speedup beyond noise; the deployed speedup is then
+    the schedule's. Otherwise the static best is deployed and a note says why the schedule was not.
+    """
+    noise = a.noise
+    sched, value, _, sched_notes = a.schedule()
+    notes.extend(sched_notes)
+    if sched is None:
+        return None, speedup, None
+    runs = _confirm_runs(records, sched)
+    own = paired_speedup(a, runs, baselines) if runs else None
+    label = sched.label()
+    if not _confirmed(planner, own):
+        if value <= 1 + noise:
+            notes.append(
+                f"no schedule: the best one ({label}, {value:.3f}x predicted) does not beat the baseline beyond noise"
+            )
+        elif planner.confirm_runs <= 0:
+            notes.append(
+                f"no schedule: {label} ({value:.3f}x predicted) is deployed only after its own "
+                "confirmation runs, and confirm_runs is 0"
+            )
+        else:
+            notes.append(
+                f"no schedule yet: {label} ({value:.3f}x predicted from the search trials) is deployed "
+                f"only after {planner.confirm_runs} confirmation runs"
+            )
+        return None, speedup, own
+    measured = f"{own.mean:.3f}x ({own.low:.3f}-{own.high:.3f}) over {own.runs} confirmation runs"
+    static = "off" if best.is_off else f"the static best's {speedup.mean:.3f}x"
+    if own.mean <= 1 + noise:
+        notes.append(f"no schedule: {label} measured {measured}, within noise ({noise:.1%}) of the baseline")
+        return None, speedup, own
+    if own.mean < speedup.mean * (1 - noise):
+        notes.append(
+            f"no schedule: {label} measured {measured}, worse than {static} ({best.label()}) beyond "
+            f"noise ({noise:.1%}); the static best is deployed"
+        )
+        return None, speedup, own
+    notes.append(f"schedule {label}: {measured} vs {static}; the schedule is deployed and the speedup is its own")
+    return sched, own, own
+
+
 def _arm(spec: SpecConfig) -> str:
-    return "off" if spec.is_off else f"{spec.method.value}@{spec.model}"
+    if spec.is_off:
+        return "off"
+    return spec.method.value if spec.model is None else f"{spec.method.value}@{spec.model}"
 
 
 def _confirm_numbers(records: Sequence[Record]) -> tuple[int, ...]:
@@ -206,8 +293,10 @@ def _skipped(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]) -> 
             reason = "not run: the search stopped before this arm was measured"
             pred = 0.0
         elif c.optimistic <= threshold:
-            reason = (f"dominated: predicted {c.predicted:.3f}x (optimistic {c.optimistic:.3f}x) does not beat the "
-                      f"incumbent {inc_s:.3f}x by more than the noise ({a.noise:.1%})")
+            reason = (
+                f"dominated: predicted {c.predicted:.3f}x (optimistic {c.optimistic:.3f}x) does not beat the "
+                f"incumbent {inc_s:.3f}x by more than the noise ({a.noise:.1%})"
+            )
             pred = c.predicted
         else:
             reason = f"not run: budget spent (predicted {c.predicted:.3f}x)"

@@ -67,8 +67,11 @@ class Predictions:
 
     def _fit_arm(self, opt: MethodOptions, lookup: tuple[int, int] | None) -> ArmModel | None:
         numbers = {
-            n for st in self.stats.values()
-            if st.spec.schedule is None and self.option_of(st.spec) is opt and not st.diverged
+            n
+            for st in self.stats.values()
+            if st.spec.schedule is None
+            and self.option_of(st.spec) is opt
+            and not st.diverged
             and (lookup is None or (st.spec.prompt_lookup_min, st.spec.prompt_lookup_max) == lookup)
             for n in st.numbers
         }
@@ -120,12 +123,19 @@ class Predictions:
             return None
         costs = [c for c in (fit(points, kind=kind, prefer="d"), fit(points, kind=kind, prefer="u")) if c]
         return ArmModel(
-            curve=curve, costs=costs, depth=depth, rate=rate, per_proposal=per_proposal, fixed=fixed,
-            unbiased=fixed or use_steps, block=kind == BLOCK,
+            curve=curve,
+            costs=costs,
+            depth=depth,
+            rate=rate,
+            per_proposal=per_proposal,
+            fixed=fixed,
+            unbiased=fixed or use_steps,
+            block=kind == BLOCK,
             ttft={label: statistics.fmean(v) for label, v in ttft.items()},
             prefill={label: statistics.fmean(v) for label, v in prefill.items()},
             measured={
-                st.spec.num_speculative_tokens: st.per_level() for st in self.stats.values()
+                st.spec.num_speculative_tokens: st.per_level()
+                for st in self.stats.values()
                 if any(n in numbers for n in st.numbers)
             },
         )
@@ -138,7 +148,12 @@ class Predictions:
             c = self.baseline_c[label]
             step = t_off + overhead_ms(t_off, c) + cost.extra(c, k, v)
             out[label] = closed_loop_gain(
-                t_off, step, tau, c=c, prefill=self.baseline_prefill[label], out_tokens=self.baseline_out[label],
+                t_off,
+                step,
+                tau,
+                c=c,
+                prefill=self.baseline_prefill[label],
+                out_tokens=self.baseline_out[label],
                 prefill_k=arm.prefill.get(label),
                 tpot=self.objective is Objective.TPOT,
             )
@@ -155,7 +170,8 @@ class Predictions:
             return dict(arm.measured[d])
         at_d = self._per_level(arm, d, arm.curve.tau(d), cost)
         return {
-            label: model[label] * arm.measured[d][label] / at_d[label] if label in arm.measured[d] and at_d[label] > 0
+            label: model[label] * arm.measured[d][label] / at_d[label]
+            if label in arm.measured[d] and at_d[label] > 0
             else model[label]
             for label in self.labels
         }
@@ -214,4 +230,3 @@ class Predictions:
                 else:
                     out.append(Candidate(spec, opt, per_level, combine(per_level, self.weights), optimistic))
         return out
-

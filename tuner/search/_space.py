@@ -16,7 +16,13 @@ BLOCK_SIZES: Mapping[Method, tuple[int, ...]] = {Method.DFLASH: (4, 8, 16), Meth
 SUFFIX_DEPTHS: tuple[int, ...] = (4, 8, 16)
 NGRAM_LOOKUPS: tuple[tuple[int, int], ...] = ((2, 4), (3, 5))
 DRAFT_METHODS: tuple[Method, ...] = (
-    Method.EAGLE3, Method.EAGLE, Method.MTP, Method.DSPARK, Method.DFLASH, Method.DRAFT_MODEL, Method.MEDUSA,
+    Method.EAGLE3,
+    Method.EAGLE,
+    Method.MTP,
+    Method.DSPARK,
+    Method.DFLASH,
+    Method.DRAFT_MODEL,
+    Method.MEDUSA,
 )
 
 
@@ -62,8 +68,11 @@ class MethodOptions:
             return SpecConfig()
         lo, hi = lookup if lookup is not None else (None, None)
         return SpecConfig(
-            method=self.method, num_speculative_tokens=depth, model=self.draft,
-            prompt_lookup_min=lo, prompt_lookup_max=hi,
+            method=self.method,
+            num_speculative_tokens=depth,
+            model=self.draft,
+            prompt_lookup_min=lo,
+            prompt_lookup_max=hi,
         )
 
     def specs(self) -> Iterator[SpecConfig]:
@@ -200,6 +209,11 @@ def build_space(
         if method is Method.DRAFT_MODEL:
             notes.append("draft_model needs the draft's vocab to match the target's; not checked before launch")
     return SearchSpace(
-        model=model, options=tuple(options), excluded=tuple(excluded), traits=traits,
-        hardware=hardware, vllm_version=vllm_version, notes=tuple(notes),
+        model=model,
+        options=tuple(options),
+        excluded=tuple(excluded),
+        traits=traits,
+        hardware=hardware,
+        vllm_version=vllm_version,
+        notes=tuple(notes),
     )

@@ -69,9 +69,7 @@ class DraftCatalog:
 
     def for_model(self, model: str, methods: Sequence[Method] | None = None) -> tuple[DraftEntry, ...]:
         """Entries whose target patterns match ``model`` (optionally only these methods)."""
-        return tuple(
-            e for e in self.entries if e.matches(model) and (methods is None or e.method in methods)
-        )
+        return tuple(e for e in self.entries if e.matches(model) and (methods is None or e.method in methods))
 
 
 DEFAULT_CATALOG = DraftCatalog.from_json(_DEFAULT_PATH)

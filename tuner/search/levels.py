@@ -21,7 +21,9 @@ def default_levels(
     n = max(1, len(requests))
     return [
         LoadLevel(
-            kind=LoadKind.CONCURRENCY, value=float(c), num_requests=min(n, max(8, 2 * c)),
+            kind=LoadKind.CONCURRENCY,
+            value=float(c),
+            num_requests=min(n, max(8, 2 * c)),
             warmup_requests=min(2, c),
         )
         for c in sorted(set(concurrencies))

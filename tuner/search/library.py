@@ -24,7 +24,7 @@ from tuner.domain import (
     fingerprint,
 )
 from tuner.search._space import SearchSpace
-from tuner.search.planner import OptunaPlanner
+from tuner.search.planner import DEFAULT_CONFIRM_RUNS, OptunaPlanner
 
 log = logging.getLogger(__name__)
 NO_SLO = SLO()
@@ -62,7 +62,7 @@ def tune(
     serving: ServingConfig = DEFAULT_SERVING,
     storage: str | None = None,
     seed: int = 0,
-    confirm_runs: int = 3,
+    confirm_runs: int = DEFAULT_CONFIRM_RUNS,
     study_name: str | None = None,
     hardware: str = "auto",
     level_weights: Mapping[str, float] | None = None,
@@ -76,31 +76,59 @@ def tune(
     as the correctness reference. ``storage`` is an SQLAlchemy URL for Optuna's RDB storage (None: in
     memory); calling ``tune`` again with the same storage and ``study_name`` resumes the job, re-running
     no finished trial (trials left running by a dead process are re-queued). An evaluator that raises is
-    recorded as a failed trial of class ``internal`` and the search goes on.
+    recorded as a failed trial of class ``internal`` and the search goes on. Deploy
+    ``report.outcome.deployed`` (the per-batch-size schedule when one was confirmed, else the static best);
+    ``report.outcome.speedup`` is always its speedup (see ``tuner.domain.TuneOutcome``).
     """
     if study_name is None:
-        study_name = "tune-" + fingerprint(
-            {"model": model, "grid": [s.to_vllm() for s in space.grid()], "levels": tuple(levels),
-             "objective": objective, "seed": seed}
-        )[:16]
+        study_name = (
+            "tune-"
+            + fingerprint(
+                {
+                    "model": model,
+                    "grid": [s.to_vllm() for s in space.grid()],
+                    "levels": tuple(levels),
+                    "objective": objective,
+                    "seed": seed,
+                }
+            )[:16]
+        )
     planner = OptunaPlanner(
-        space, levels, objective=objective, slo=slo, budget=budget, storage=storage, study_name=study_name,
-        seed=seed, confirm_runs=confirm_runs, level_weights=level_weights, noise=noise,
+        space,
+        levels,
+        objective=objective,
+        slo=slo,
+        budget=budget,
+        storage=storage,
+        study_name=study_name,
+        seed=seed,
+        confirm_runs=confirm_runs,
+        level_weights=level_weights,
+        noise=noise,
         max_num_seqs=serving.args.get("max_num_seqs"),
     )
     for stale in planner.pending():
         planner.abandon(stale.number, "resumed: the process running this trial is gone")
     while (proposal := planner.ask()) is not None:
         spec = TrialSpec(
-            model=model, spec=proposal.spec, levels=tuple(levels), requests=tuple(requests), serving=serving,
-            slo=slo, hardware=hardware, reference_outputs=planner.baseline_reference(), number=proposal.number,
+            model=model,
+            spec=proposal.spec,
+            levels=tuple(levels),
+            requests=tuple(requests),
+            serving=serving,
+            slo=slo,
+            hardware=hardware,
+            reference_outputs=planner.baseline_reference(),
+            number=proposal.number,
         )
         try:
             result = evaluator(spec)
         except Exception as exc:  # a broken evaluator must not lose the job
             log.exception("evaluator failed on trial %s", proposal.number)
             result = TrialResult(
-                status=TrialStatus.FAILED, engine=planner.engine(), spec=proposal.spec,
+                status=TrialStatus.FAILED,
+                engine=planner.engine(),
+                spec=proposal.spec,
                 failure=Failure(FailureClass.INTERNAL, f"{type(exc).__name__}: {exc}"),
             )
         planner.tell(proposal.number, result)

@@ -18,7 +18,11 @@ same storage and study name after a crash continues where it stopped without re-
    of each other are re-measured (at most twice per search).
 4. Confirmation: the baseline, the static winner and the per-batch-size schedule (when K varies by level)
    are each re-measured ``confirm_runs`` times on fresh servers; the recommendation's speedup comes from
-   these runs, paired run by run with the baseline.
+   these runs, paired run by run with the baseline. The schedule varies K for one method+draft, the static
+   winner's (chosen by the objective over all levels); it is deployed only when its own confirmation runs
+   are not worse than the static winner's beyond noise, and the outcome's speedup is then its own.
+5. Noise: the pooled run-to-run spread of every configuration measured more than once (search repeats and
+   confirmation runs), 3% until there are repeats; it sets the stopping rule, "off" and schedule-vs-static.
 
 Failures keep their class: ``unsupported_config`` excludes the method+draft and does not count against
 ``budget.max_trials``; ``oom`` narrows that arm's depths to below the failed depth; a crash or startup
@@ -69,6 +73,8 @@ from tuner.search._space import SearchSpace
 from tuner.search.objective import constraints, log_value, weights_for
 
 TPE_ATTEMPTS = 3
+# Fresh-server re-measurements of the baseline, the winner and the schedule (issue 4: at least 3).
+DEFAULT_CONFIRM_RUNS = 3
 NO_SLO = SLO()
 DEFAULT_BUDGET = Budget()
 
@@ -87,8 +93,11 @@ class OptunaPlanner:
     ``budget.max_trials`` counts launched search trials, the baseline included; confirmation runs, refused
     (``unsupported_config``) and infrastructure failures do not count. ``budget.max_wall_s`` (from the
     study's creation) stops the search; the confirmations still run. ``noise`` (relative, e.g. 0.03) fixes
-    the noise the stopping rule uses; None estimates it from repeated measurements (3% until there are
-    any). ``max_num_seqs`` ends the schedule's last range (1024 when None).
+    the noise the stopping rule, the "off" decision and the schedule-vs-static decision use; None estimates
+    it from repeated measurements of one config, search repeats and confirmation runs alike (3% until
+    there are any). ``confirm_runs`` (default 3, as issue 4 asks; 0 disables confirmation, and with it any
+    schedule) is how often each confirmation target is re-measured on a fresh server. ``max_num_seqs`` ends
+    the schedule's last range (1024 when None).
     """
 
     def __init__(
@@ -102,7 +111,7 @@ class OptunaPlanner:
         storage: str | None = None,
         study_name: str = "spec-tuner",
         seed: int = 0,
-        confirm_runs: int = 3,
+        confirm_runs: int = DEFAULT_CONFIRM_RUNS,
         level_weights: Mapping[str, float] | None = None,
         noise: float | None = None,
         max_num_seqs: int | None = None,
@@ -195,12 +204,16 @@ class OptunaPlanner:
             self._cache.pop(number, None)
 
     def outcome(self) -> TuneOutcome:
+        """The conclusion so far. Deploy ``outcome.deployed`` (the schedule if any, else the static best);
+        ``outcome.speedup`` is always that config's speedup, from its confirmation runs once complete. A
+        schedule is only set once confirmed and not worse than the static best beyond noise (see
+        ``tuner.domain.TuneOutcome``)."""
         with self._lock:
             records = self._records()
             return build_outcome(self, self._analysis(records), records)[0]
 
     def schedule_speedup(self) -> Speedup | None:
-        """The schedule's own speedup from its confirmation runs (None until they exist)."""
+        """The schedule's own speedup from its confirmation runs, deployed or not (None until they exist)."""
         with self._lock:
             records = self._records()
             return build_outcome(self, self._analysis(records), records)[1]
@@ -260,8 +273,14 @@ class OptunaPlanner:
             spec = from_jsonable(SpecConfig, ua["spec"]) if "spec" in ua else None
             result = from_jsonable(TrialResult, ua["result"]) if "result" in ua else None
             rec = Record(
-                number=t.number, state=t.state.name, spec=spec, purpose=ua.get("purpose", "search"),
-                result=result, skipped=ua.get("skipped"), abandoned=ua.get("abandoned"), retry_of=ua.get("retry_of"),
+                number=t.number,
+                state=t.state.name,
+                spec=spec,
+                purpose=ua.get("purpose", "search"),
+                result=result,
+                skipped=ua.get("skipped"),
+                abandoned=ua.get("abandoned"),
+                retry_of=ua.get("retry_of"),
             )
             if t.state.is_finished():
                 self._cache[t.number] = rec
@@ -270,8 +289,14 @@ class OptunaPlanner:
 
     def _analysis(self, records: list[Record]) -> Analysis:
         return Analysis(
-            self.space, records, labels=self.labels, weights=self.weights, objective=self.objective,
-            slo=self.slo, noise=self.noise, concurrency={lv.label: lv.concurrency for lv in self.levels},
+            self.space,
+            records,
+            labels=self.labels,
+            weights=self.weights,
+            objective=self.objective,
+            slo=self.slo,
+            noise=self.noise,
+            concurrency={lv.label: lv.concurrency for lv in self.levels},
             max_num_seqs=self.max_num_seqs,
         )
 
@@ -312,8 +337,12 @@ class OptunaPlanner:
             return
         self.study.enqueue_trial(
             dict(t.params),
-            user_attrs={"spec": t.user_attrs["spec"], "purpose": t.user_attrs.get("purpose", "search"),
-                        "retry_of": root, "requeued_because": reason},
+            user_attrs={
+                "spec": t.user_attrs["spec"],
+                "purpose": t.user_attrs.get("purpose", "search"),
+                "retry_of": root,
+                "requeued_because": reason,
+            },
         )
 
     def _pop(self) -> Proposal:
@@ -444,9 +473,18 @@ class OptunaPlanner:
 
     def _repeat(self, a: Analysis, records: list[Record]) -> SpecConfig | None:
         """Re-measure where the best configs of two different arms are within noise of each other."""
-        repeats = sum(1 for r in records if r.purpose == "search" and r.launched and r.spec is not None
-                      and any(o.spec.key() == r.spec.key() and o.number < r.number for o in records
-                              if o.purpose in ("baseline", "search") and o.launched and o.spec is not None))
+        repeats = sum(
+            1
+            for r in records
+            if r.purpose == "search"
+            and r.launched
+            and r.spec is not None
+            and any(
+                o.spec.key() == r.spec.key() and o.number < r.number
+                for o in records
+                if o.purpose in ("baseline", "search") and o.launched and o.spec is not None
+            )
+        )
         if repeats >= MAX_SEARCH_REPEATS or self._search_budget_left(records) <= 0:
             return None
         ranked = a.ranked()
@@ -483,4 +521,3 @@ class OptunaPlanner:
         """The engine the results so far came from (simulated until one says otherwise)."""
         records = self._records() if records is None else records
         return next((r.result.engine for r in records if r.result is not None), Engine.SIMULATED)
-

@@ -128,4 +128,5 @@ def summarize(level: LoadLevel, records: Sequence[RequestRecord], duration_s: fl
         tpot_ms=_ms(tpots),
         itl_ms=_ms(itls),
         e2e_ms=_ms([e2e_s(r) for r in ok]),
+        client_concurrency=sum(e2e_s(r) for r in records) / duration_s if duration_s > 0 else None,
     )

@@ -151,6 +151,17 @@ class GaugeSampler:
         )
 
 
-def below_target(achieved: float | None, target: float | None, fraction: float = 0.9) -> bool:
-    """True when the level's mean running requests stayed under ``fraction`` of its target concurrency."""
-    return achieved is not None and target is not None and achieved < fraction * target
+MIN_GAUGE_SAMPLES = 3
+
+
+def below_target(
+    achieved: float | None, target: float | None, samples: int = MIN_GAUGE_SAMPLES, fraction: float = 0.9
+) -> bool:
+    """True when the level's mean running requests stayed under ``fraction`` of its target concurrency.
+
+    Judged only on ``MIN_GAUGE_SAMPLES`` samples or more: a window shorter than that may be read once, between
+    two requests, and one idle reading is not a level that failed to keep its target busy.
+    """
+    if achieved is None or target is None or samples < MIN_GAUGE_SAMPLES:
+        return False
+    return achieved < fraction * target

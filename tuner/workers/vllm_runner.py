@@ -313,7 +313,8 @@ def _level_result(
     return dataclasses.replace(
         figures,
         achieved_concurrency=gauges.mean_running,
-        below_target=vllm_metrics.below_target(gauges.mean_running, level.concurrency),
+        below_target=vllm_metrics.below_target(gauges.mean_running, level.concurrency, gauges.samples),
+        gauge_samples=gauges.samples,
         peak_kv_cache_usage=gauges.peak_kv_cache_usage,
         max_waiting=gauges.max_waiting,
         preemptions=vllm_metrics.counter_delta(before, after, vllm_metrics.PREEMPTIONS) or 0,
