@@ -22,21 +22,40 @@ config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_s
 model = "meta-llama/Llama-3.1-8B-Instruct"
 print("traits:", model_traits(config, model))
 
-space = build_space(model, config, hardware="h100", vllm_version="0.34.0",
-                    methods=[Method.NGRAM, Method.SUFFIX, Method.EAGLE3], ngram_lookups=[(2, 4)])
+space = build_space(
+    model,
+    config,
+    hardware="h100",
+    vllm_version="0.34.0",
+    methods=[Method.NGRAM, Method.SUFFIX, Method.EAGLE3],
+    ngram_lookups=[(2, 4)],
+)
 print(f"search space: {[o.key for o in space.options]}, grid of {space.grid_size} configurations")
 
-requests = [TrafficRequest(format="completions", prompt=f"def f{i}(x):\n    return x * {i}\n" * 8,
-                           output_tokens=256) for i in range(200)]
+requests = [
+    TrafficRequest(format="completions", prompt=f"def f{i}(x):\n    return x * {i}\n" * 8, output_tokens=256)
+    for i in range(200)
+]
 levels = default_levels(requests)  # c1, c8, c32, c128
 engine = SimulatedEngine(PRESETS["llama-3.1-8b"], WORKLOADS["code"], noise=0.03, seed=0)
 
-report = tune(space, engine, model=ModelRef(model), requests=requests, levels=levels,
-              budget=Budget(max_trials=12), storage=None, seed=0, confirm_runs=3)
+report = tune(
+    space,
+    engine,
+    model=ModelRef(model),
+    requests=requests,
+    levels=levels,
+    budget=Budget(max_trials=12),
+    storage=None,
+    seed=0,
+    confirm_runs=3,
+)
 
 out = report.outcome
-print(f"\n{report.search_trials} search trials (+{report.trials_run - report.search_trials} confirmation runs) "
-      f"instead of a {space.grid_size}-trial grid")
+print(
+    f"\n{report.search_trials} search trials (+{report.trials_run - report.search_trials} confirmation runs) "
+    f"instead of a {space.grid_size}-trial grid"
+)
 print("best static config:", out.best.label(), "->", out.best.to_vllm())
 if out.speedup:
     print(f"speedup {out.speedup.mean:.2f}x ({out.speedup.low:.2f}-{out.speedup.high:.2f}, {out.speedup.runs} runs)")

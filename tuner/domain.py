@@ -728,8 +728,8 @@ class TuneOutcome:
       baseline beyond the measured noise; ``best_trial`` is its search trial.
     - ``schedule``: a ``num_speculative_tokens_per_batch_size`` schedule varying K for one method and draft
       (``best``'s; when ``best`` is off, the best speculative config's). Set only when its own confirmation
-      runs are complete, beat the baseline beyond noise and are not worse than ``best``'s speedup beyond
-      noise; otherwise None, with a note saying why.
+      runs are complete, beat the baseline beyond noise and average at least ``best``'s confirmed speedup;
+      otherwise None, with a note saying why.
     """
 
     best: SpecConfig

@@ -20,7 +20,7 @@ same storage and study name after a crash continues where it stopped without re-
    are each re-measured ``confirm_runs`` times on fresh servers; the recommendation's speedup comes from
    these runs, paired run by run with the baseline. The schedule varies K for one method+draft, the static
    winner's (chosen by the objective over all levels); it is deployed only when its own confirmation runs
-   are not worse than the static winner's beyond noise, and the outcome's speedup is then its own.
+   average at least the static winner's, and the outcome's speedup is then its own.
 5. Noise: the pooled run-to-run spread of every configuration measured more than once (search repeats and
    confirmation runs), 3% until there are repeats; it sets the stopping rule, "off" and schedule-vs-static.
 
@@ -206,7 +206,7 @@ class OptunaPlanner:
     def outcome(self) -> TuneOutcome:
         """The conclusion so far. Deploy ``outcome.deployed`` (the schedule if any, else the static best);
         ``outcome.speedup`` is always that config's speedup, from its confirmation runs once complete. A
-        schedule is only set once confirmed and not worse than the static best beyond noise (see
+        schedule is only set once confirmed and at least as good as the static best (see
         ``tuner.domain.TuneOutcome``)."""
         with self._lock:
             records = self._records()
