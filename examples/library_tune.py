@@ -56,11 +56,10 @@ print(
     f"\n{report.search_trials} search trials (+{report.trials_run - report.search_trials} confirmation runs) "
     f"instead of a {space.grid_size}-trial grid"
 )
-print("best static config:", out.best.label(), "->", out.best.to_vllm())
-if out.speedup:
+print("best static config:", out.best.label())
+print("deploy:", out.deployed.to_vllm(), "(a per-batch-size schedule)" if out.schedule else "")
+if out.speedup:  # always the deployed config's, from its confirmation runs
     print(f"speedup {out.speedup.mean:.2f}x ({out.speedup.low:.2f}-{out.speedup.high:.2f}, {out.speedup.runs} runs)")
-if out.schedule:
-    print("schedule:", out.schedule.to_vllm())
 for w in out.per_level_winners:
     print(f"  {w.level}: {w.spec.label()} ({w.speedup:.2f}x)")
 for note in out.notes:

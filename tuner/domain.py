@@ -742,6 +742,7 @@ class TuneOutcome:
     skipped: tuple[SkippedCandidate, ...] = ()
     notes: tuple[str, ...] = ()
     engine: Engine = Engine.SIMULATED
+    noise: float = 0.03  # run-to-run spread the decisions used (measured from repeats where there were any)
 
     @property
     def deployed(self) -> SpecConfig:

@@ -341,8 +341,8 @@ class _JobRun:
         try:
             outcome = planner.outcome()
             best = {
-                "speculative_config": outcome.best.to_vllm(),
-                "label": outcome.best.label(),
+                "speculative_config": outcome.deployed.to_vllm(),
+                "label": outcome.deployed.label(),
                 "trial": outcome.best_trial,
                 "speedup": to_jsonable(outcome.speedup),
             }
@@ -399,8 +399,8 @@ class _JobRun:
                 return
             recommendations.publish(s, job, spec, outcome, self.results, traffic)
             job.best = {
-                "speculative_config": (outcome.schedule or outcome.best).to_vllm(),
-                "label": (outcome.schedule or outcome.best).label(),
+                "speculative_config": outcome.deployed.to_vllm(),
+                "label": outcome.deployed.label(),
                 "speedup": to_jsonable(outcome.speedup),
                 "notes": list(outcome.notes),
                 "skipped": to_jsonable(outcome.skipped),

@@ -20,9 +20,12 @@ from tuner.domain import (
     Engine,
     JobSpec,
     LevelResult,
+    LevelWinner,
     Recommendation,
     SpecConfig,
+    Speedup,
     TrialResult,
+    TrialStatus,
     TuneOutcome,
     fingerprint,
     from_jsonable,
@@ -118,16 +121,23 @@ def publish(
     if measured and measured[0].worker:
         worker = session.get(WorkerRow, measured[0].worker)
         driver = worker.driver if worker else None
-    deployed = outcome.schedule or outcome.best
+    deployed = outcome.deployed
+    simulated = spec.engine is Engine.SIMULATED
     confirm = [results[n] for n in outcome.confirm_trials if n in results and results[n].spec.key() == deployed.key()]
     evidence = confirm or [results[n] for n in (outcome.best_trial,) if n is not None and n in results]
-    notes = list(outcome.notes)
+    label_notes = ["SIMULATED: figures come from the analytic model, not from a vLLM run."] if simulated else []
+    notes = label_notes + list(outcome.notes)
     if (note := _variable_length_note(deployed, evidence)) is not None:
         notes.append(note)
     if deployed.is_off:
-        notes.insert(0, "No speculation: nothing beat the no-speculation baseline beyond measurement noise.")
-    if spec.engine is Engine.SIMULATED:
-        notes.insert(0, "SIMULATED: figures come from the analytic model, not from a vLLM run.")
+        diverged = sorted({r.spec.label() for r in results.values() if r.status is TrialStatus.DIVERGED})
+        why = "nothing beat the no-speculation baseline beyond noise"
+        if diverged:
+            why = (
+                f"nothing that kept the baseline's outputs beat it beyond noise ({', '.join(diverged)} diverged "
+                "from the baseline's outputs and cannot be recommended)"
+            )
+        notes.insert(len(label_notes), f"No speculation: {why}.")
     common = dict(
         model=spec.model,
         hardware=hardware,
@@ -162,28 +172,22 @@ def publish(
         w = winners.get(f"c{level}")
         if w is None:
             continue
-        trial = results.get(w.trial_number) if w.trial_number is not None else None
-        level_spec = (
-            _static_at(deployed, level) if outcome.schedule and w.spec.key() == _base(deployed).key() else w.spec
-        )
-        confirmed = outcome.speedup is not None and _base(deployed).key() == _base(w.spec).key()
-        speedup_note = (
-            "speedup at this level from the confirmation runs"
-            if confirmed
-            else ("speedup at this level from a single search trial (unconfirmed)")
-        )
+        level_spec, speedup, why = _level_answer(outcome, w)
+        trial = None
+        if not level_spec.is_off:
+            trial = evidence[-1] if evidence and level_spec.key() == deployed.key() else results.get(w.trial_number)
         recs.append(
             (
                 f"c{rng.low}-{rng.high if rng.high is not None else 'inf'}",
                 Recommendation(
-                    spec=level_spec if not w.spec.is_off else SpecConfig(),
+                    spec=level_spec,
                     concurrency=rng,
-                    speedup=outcome.speedup if confirmed else None,
+                    speedup=speedup,
                     acceptance_length=_acceptance_length([trial]) if trial else None,
                     latency=_latency([lr for lr in trial.levels if lr.level.concurrency == level]) if trial else {},
                     per_level_winners=(w,),
-                    notes=tuple(notes) + (speedup_note, f"level winner speedup {w.speedup:.3f}"),
-                    trial_numbers=(w.trial_number,) if w.trial_number is not None else (),
+                    notes=(*label_notes, why, *outcome.notes),
+                    trial_numbers=(w.trial_number,) if trial is not None and w.trial_number is not None else (),
                     **common,
                 ),
             )
@@ -213,24 +217,37 @@ def publish(
     return rows
 
 
-def _base(spec: SpecConfig) -> SpecConfig:
-    """The method and draft without the schedule: the identity a schedule varies K over."""
-    data = spec.to_vllm() or {}
-    data.pop("num_speculative_tokens_per_batch_size", None)
-    data.pop("num_speculative_tokens", None)
-    return SpecConfig.from_vllm({**data, "num_speculative_tokens": 1}) if data else SpecConfig()
+def _level_answer(outcome: TuneOutcome, w: LevelWinner) -> tuple[SpecConfig, Speedup | None, str]:
+    """What to deploy for one concurrency range: the best measured at its level, and how sure we are.
 
-
-def _static_at(schedule: SpecConfig, concurrency: int) -> SpecConfig:
-    k = schedule.k_at(concurrency)
-    if k == 0:
-        return SpecConfig.from_vllm(
-            {**(schedule.to_vllm() or {}), "num_speculative_tokens_per_batch_size": [[1, 1, 0]]}
+    The winner is read from every trial (confirmation runs included). When it is the deployed config, the
+    speedup comes from its confirmation runs; otherwise from one search trial, which must beat the baseline
+    by more than the noise to be recommended at all.
+    """
+    if w.spec.is_off:
+        return SpecConfig(), None, f"No speculation at {w.level}: nothing beat the baseline there."
+    if outcome.speedup is not None and w.spec.key() == outcome.deployed.key():
+        at = outcome.speedup.per_level.get(w.level)
+        if at is not None and at <= 1.0 + outcome.noise:
+            return (
+                SpecConfig(),
+                None,
+                (
+                    f"No speculation at {w.level}: the deployed {w.spec.label()} measured {at:.3f}x there over "
+                    f"{outcome.speedup.runs} confirmation runs, within noise ({outcome.noise:.1%}) of the baseline."
+                ),
+            )
+        return w.spec, outcome.speedup, f"Speedup at {w.level} from the {outcome.speedup.runs} confirmation runs."
+    if w.speedup <= 1.0 + outcome.noise:
+        return (
+            SpecConfig(),
+            None,
+            (
+                f"No speculation at {w.level}: the best there, {w.spec.label()} ({w.speedup:.3f}x in one search "
+                f"trial), is within noise ({outcome.noise:.1%}) of the baseline."
+            ),
         )
-    data = dict(schedule.to_vllm() or {})
-    data.pop("num_speculative_tokens_per_batch_size", None)
-    data["num_speculative_tokens"] = k
-    return SpecConfig.from_vllm(data)
+    return w.spec, None, f"Speedup at {w.level}: {w.speedup:.3f}x from one search trial (unconfirmed)."
 
 
 def _version_tuple(v: str | None) -> tuple[int, ...]:
@@ -383,7 +400,8 @@ def render(session: Session, row: RecommendationRow, history: Sequence[Recommend
 def _summary(rec: Recommendation) -> str:
     prefix = "[SIMULATED] " if rec.engine is Engine.SIMULATED else ""
     if rec.spec.is_off:
-        return prefix + "Do not use speculative decoding: no configuration beat the baseline beyond noise."
+        why = next((n.partition(": ")[2] for n in rec.notes if n.startswith("No speculation")), "")
+        return prefix + "Do not use speculative decoding" + (f": {why}" if why else ".")
     level = rec.per_level_winners[0].level if len(rec.per_level_winners) == 1 else None
     if rec.speedup and level and level in rec.speedup.per_level:
         sp = (

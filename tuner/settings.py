@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     vllm_python: str | None = Field(default=None, description="Python of the environment vLLM is installed in.")
     startup_timeout_s: float = 900.0
     trial_deadline_s: float | None = 3600.0
-    confirm_runs: int = 3
+    confirm_runs: int = Field(default=3, ge=3, le=10, description="Fresh-server re-measurements before recommending.")
     gpus: str | None = Field(default=None, description="Comma-separated GPU indices to use; default: detect.")
     executor: str = Field(default="local", description="local | ray")
     ray_address: str | None = None

@@ -119,6 +119,7 @@ def build_outcome(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]
             best_trial=None,
             notes=tuple(notes),
             engine=engine,
+            noise=a.noise,
             skipped=_skipped(planner, a, records),
             confirm_trials=_confirm_numbers(records),
         ), None
@@ -160,6 +161,7 @@ def build_outcome(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]
         skipped=_skipped(planner, a, records),
         notes=tuple(notes),
         engine=engine,
+        noise=a.noise,
     )
     return outcome, sched_speedup
 
@@ -265,8 +267,7 @@ def _schedule(
         # Both were measured the same way (fresh servers, paired with the same baselines): a schedule that is
         # not at least as good as the static best on those runs adds a moving part for no measured gain.
         notes.append(
-            f"no schedule: {label} measured {measured}, below {static} ({best.label()}); the static best is "
-            "deployed"
+            f"no schedule: {label} measured {measured}, below {static} ({best.label()}); the static best is deployed"
         )
         return None, speedup, own
     notes.append(f"schedule {label}: {measured} vs {static}; the schedule is deployed and the speedup is its own")
