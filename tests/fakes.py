@@ -65,6 +65,10 @@ class ListPlanner:
             self.abandoned.append(number)
             self.queue.append(self.asked.pop(number, self.queue[number]))
 
+    def pending(self) -> list[Proposal]:
+        with self._lock:
+            return [Proposal(n, s) for n, s in sorted(self.asked.items()) if n not in self.told]
+
     def outcome(self) -> TuneOutcome:
         base = self.told.get(0)
         if base is None or not base.levels:

@@ -774,6 +774,10 @@ class Planner(Protocol):
 
     def abandon(self, number: int, reason: str) -> None: ...
 
+    def pending(self) -> list[Proposal]:
+        """Proposals asked for and not yet told (after a runner died: its trials in flight)."""
+        ...
+
     def outcome(self) -> TuneOutcome: ...
 
 

@@ -332,10 +332,9 @@ class _JobRun:
         self.results[proposal.number] = result
         if result.status is not TrialStatus.SUCCEEDED:
             self.failed += 1
-        if result.status is TrialStatus.CANCELLED:
-            return  # a cancelled trial is not evidence: the planner does not learn from it
-        planner.tell(proposal.number, result)
-        self._progress(planner)
+        planner.tell(proposal.number, result)  # a cancelled one too: Optuna marks it failed, learns nothing
+        if result.status is not TrialStatus.CANCELLED:
+            self._progress(planner)
 
     def _progress(self, planner: Planner) -> None:
         try:
@@ -373,11 +372,14 @@ class _JobRun:
                 tuning.mark_trial_abandoned(s, row, f"runner {row.worker} died during the trial; re-queued")
                 self.failed += 1
             stale_numbers = [(row.number, row.worker) for row in stale]
+            known = {row.number for row in tuning.list_trials(s, self.job_id)}
         for number, result in sorted(self.results.items()):
-            if result.status is not TrialStatus.CANCELLED:
-                planner.tell(number, result)
+            planner.tell(number, result)
         for number, worker in stale_numbers:
             planner.abandon(number, f"runner {worker} died during the trial")
+        for proposal in planner.pending():  # asked for, then the runner died before recording the launch
+            if proposal.number not in known:
+                planner.abandon(proposal.number, "the runner died before launching the trial")
 
     def _publish(self, planner: Planner, spec: JobSpec) -> None:
         outcome = planner.outcome()

@@ -131,8 +131,9 @@ def test_stale_job_is_recovered_without_rerunning_finished_trials(db_url: str) -
     # The recovering runner's planner resumes from storage: it has seen what the dead one told it.
     planner.tell(0, tuning.trial_result(_trial(factory, job_id, 0)))
     planner.tell(1, tuning.trial_result(_trial(factory, job_id, 1)))
-    planner._next = 3  # the dead runner had asked for 0..2
+    planner._next = 4  # the dead runner had asked for 0..3, and died before recording trial 3's launch
     planner.asked[2] = SPECS[1]
+    planner.asked[3] = SPECS[2]
     ev = FakeEvaluator()
     killed: list[int] = []
     assert runner(factory, planner, ev, kill_group=killed.append).run_once() == job_id
@@ -145,10 +146,11 @@ def test_stale_job_is_recovered_without_rerunning_finished_trials(db_url: str) -
         by_number = {r.number: r for r in rows}
         assert by_number[2].status == "failed" and by_number[2].failure_class == "infrastructure"
         assert "died" in by_number[2].failure_reason
-        assert planner.abandoned == [2]
+        assert planner.abandoned == [2, 3]  # 3 was asked for but never launched: failed too, never left running
+        assert 3 not in by_number
         # finished trials were never run again; the abandoned config ran once more under a new number
         assert sorted(label for _, label in ev.calls) == sorted([SPECS[1].label(), SPECS[2].label()])
-        assert all(n not in (0, 1, 2) for n, _ in ev.calls)
+        assert all(n not in (0, 1, 2, 3) for n, _ in ev.calls)
         assert by_number[4].status == "succeeded" and by_number[4].config == by_number[2].config
         assert len(s.scalars(select(RecommendationRow).where(RecommendationRow.job_id == job_id)).all()) >= 1
 

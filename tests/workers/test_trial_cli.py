@@ -67,3 +67,38 @@ def test_simulated_engine_human_summary(traffic: Path, capsys: pytest.CaptureFix
     assert text.startswith("trial succeeded: ngram k=3 on simulated")
     assert "c1:" in text and "acceptance rate" in text
     assert "correctness: NOT GATED (no reference outputs" in text  # one config by hand has no baseline to compare
+
+
+@pytest.mark.vllm
+def test_tuner_trial_measures_a_real_server_started_with_vllm_serve(
+    tiny_model: Path, vllm_python: Path, tmp_path: Path
+) -> None:
+    """The command a user reaches for, end to end: `vllm serve <model>` (the console script, model positional),
+    the model drafting for itself (acceptance exactly 1.0), two levels on one launch, JSON out."""
+    import os
+    import subprocess
+    import sys
+
+    traffic = tmp_path / "t.jsonl"
+    traffic.write_text("".join(json.dumps({"prompt": f"def f{i}(x):", "output_tokens": 24}) + "\n" for i in range(6)))
+    spec = json.dumps({"method": "draft_model", "model": str(tiny_model), "num_speculative_tokens": 2})
+    vllm = str(vllm_python.parent / "vllm")
+    argv = [
+        str(Path(sys.executable).parent / "tuner"), "trial", "--model", str(tiny_model), "--traffic", str(traffic),
+        "--speculative-config", spec, "--concurrency", "1", "2", "--num-requests", "4", "--warmup", "1",
+        "--serving", '{"max_model_len": 512, "enforce_eager": true}', "--cpu", "--json",
+        "--vllm-command", json.dumps([vllm, "serve"]), "--log-dir", str(tmp_path / "logs"),
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["status"] == "succeeded" and out["engine"] == "vllm" and out["simulated"] is False
+    assert [lv["level"]["value"] for lv in out["levels"]] == [1, 2]
+    log = Path(out["log_path"]).read_text(errors="replace")
+    assert log.count("Application startup complete") == 1  # both levels on one launch
+    assert f"'model_tag': '{tiny_model}'" in log  # started as `vllm serve <model>`, the model positional
+    c1 = out["levels"][0]["spec_decode"]
+    assert c1["num_drafts"] > 0 and c1["num_accepted_tokens"] == c1["num_draft_tokens"]  # drafting for itself
+    for lv in out["levels"]:
+        assert lv["num_requests"] == 4 and lv["output_tokens"] == 4 * 24
