@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -75,6 +76,16 @@ def _kill_group(pgid: int) -> None:
     kill_process_group(pgid, grace_s=5.0)
 
 
+def _group_alive(pgid: int) -> bool:
+    from tuner.workers.vllm_server import group_members
+
+    return bool(group_members(pgid))
+
+
+ORPHAN_SWEEP_S = 60.0
+ORPHAN_WINDOW = timedelta(days=1)  # older process groups are left alone: by then a pid may have been reused
+
+
 @dataclass
 class _Running:
     proposal: Proposal
@@ -96,6 +107,7 @@ class JobRunner:
         poll_s: float = 0.5,
         log_dir: Path | None = None,
         kill_group: KillGroup = _kill_group,
+        group_alive: Callable[[int], bool] = _group_alive,
         host_report: dict[str, Any] | None = None,
         hardware: Sequence[str] | None = None,
         trial_deadline_s: float | None = None,
@@ -109,6 +121,8 @@ class JobRunner:
         self._poll_s = poll_s
         self._log_dir = log_dir
         self._kill_group = kill_group
+        self._group_alive = group_alive
+        self._next_sweep = 0.0
         self._host_report = host_report
         self._hardware = hardware
         self._trial_deadline_s = trial_deadline_s  # a trial still running this long is killed: TIMEOUT
@@ -131,6 +145,9 @@ class JobRunner:
                 tuning.report_worker(s, self.worker, self._host_report)
         while not self._stop.is_set():
             try:
+                if time.monotonic() >= self._next_sweep:
+                    self._next_sweep = time.monotonic() + ORPHAN_SWEEP_S
+                    self.sweep_orphans()
                 if self.run_once() is None:
                     self._stop.wait(self._poll_s)
             except Exception:  # a bug must not kill the runner thread: log, back off, go on
@@ -150,6 +167,21 @@ class JobRunner:
         log.info("runner %s claimed job %s", self.worker, claimed_id)
         _JobRun(self, claimed_id).run()
         return claimed_id
+
+    def sweep_orphans(self) -> list[int]:
+        """Kill servers left on this host by trials the store says are over (a job recovered from another
+        host cannot kill them: only a runner on their host can). Returns the process groups killed."""
+        host = socket.gethostname()
+        since = datetime.now(UTC) - ORPHAN_WINDOW
+        with transaction(self._factory) as s:
+            rows = [(r.job_id, r.number, r.pgid) for r in tuning.finished_trials_with_processes(s, host, since)]
+        killed = []
+        for job_id, number, pgid in rows:
+            if pgid and self._group_alive(pgid):
+                log.warning("killing process group %s left by finished trial %s of job %s", pgid, number, job_id)
+                self._kill_group(pgid)
+                killed.append(pgid)
+        return killed
 
     # ------------------------------------------------------------------ helpers used by _JobRun
     def session(self) -> Any:

@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     )
     vllm_python: str | None = Field(default=None, description="Python of the environment vLLM is installed in.")
     startup_timeout_s: float = 900.0
+    return_token_ids: bool = Field(
+        default=True,
+        description="Ask for token ids in measured windows (exact per-token ITL); off: chunks count as one token, "
+        "as in vllm bench, and the API server does a little less work.",
+    )
     trial_deadline_s: float | None = 3600.0
     confirm_runs: int = Field(default=3, ge=3, le=10, description="Fresh-server re-measurements before recommending.")
     gpus: str | None = Field(default=None, description="Comma-separated GPU indices to use; default: detect.")

@@ -345,6 +345,22 @@ def abandoned_trials(session: Session, job_id: str) -> list[TrialRow]:
     )
 
 
+def finished_trials_with_processes(session: Session, host: str, since: datetime) -> list[TrialRow]:
+    """Trials run on ``host`` that are over (in the store) but recorded a process group: where an orphan
+    server can be left when the job was recovered from another host, which cannot kill it."""
+    open_states = (TrialStatus.QUEUED.value, TrialStatus.RUNNING.value)
+    return list(
+        session.scalars(
+            select(TrialRow).where(
+                TrialRow.pgid.is_not(None),
+                TrialRow.status.not_in(open_states),
+                TrialRow.worker.like(f"%@{host}"),
+                TrialRow.finished_at >= since,
+            )
+        )
+    )
+
+
 def mark_trial_abandoned(session: Session, row: TrialRow, reason: str) -> None:
     """A trial whose runner died: failed as infrastructure, so the number is never reused for a result."""
     row.status = TrialStatus.FAILED.value

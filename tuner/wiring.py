@@ -173,6 +173,7 @@ def runner_options(settings: Settings, log_dir: Path) -> dict[str, Any]:
         "log_dir": str(log_dir),
         "startup_timeout_s": settings.startup_timeout_s,
         "extra_env": dict(settings.vllm_extra_env),
+        "return_token_ids": settings.return_token_ids,
     }
     if settings.vllm_executable:
         options["vllm_command"] = (settings.vllm_executable, "serve")

@@ -204,6 +204,36 @@ def test_cancel_of_a_job_whose_runner_died_kills_its_processes_and_ends_it(db_ur
         assert trial.status == "failed" and trial.failure_class == "infrastructure"
 
 
+def test_a_runner_kills_servers_left_on_its_host_by_trials_recovered_elsewhere(db_url: str) -> None:
+    """Host B recovered the job (it cannot kill what runs on host A); a runner on host A sweeps it."""
+    import subprocess
+
+    factory = make_session_factory(make_engine(db_url))
+    job_id = submit(factory)
+    orphan = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    running = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        with transaction(factory) as s:
+            for number, worker, pgid in [
+                (0, GHOST, orphan.pid),
+                (1, "other@elsewhere", orphan.pid),
+                (2, GHOST, running.pid),
+            ]:
+                tuning.start_trial(s, job_id, Proposal(number, SpecConfig()), levels=[], worker=worker)
+                tuning.set_trial_pgid(s, job_id, number, pgid)
+            for row in tuning.list_trials(s, job_id)[:2]:  # 0 and 1 were recovered; 2 is still running
+                tuning.mark_trial_abandoned(s, row, "runner died; recovered on host B")
+        r = runner(factory, ListPlanner(SPECS), FakeEvaluator())
+        assert r.sweep_orphans() == [orphan.pid]
+        assert orphan.wait(timeout=10) is not None
+        assert running.poll() is None  # a running trial's server is left alone
+        assert r.sweep_orphans() == []  # and a group already gone is not signalled again
+    finally:
+        for proc in (orphan, running):
+            proc.kill()
+            proc.wait()
+
+
 def test_failed_baseline_fails_the_job_with_its_reason(db_url: str) -> None:
     factory = make_session_factory(make_engine(db_url))
     job_id = submit(factory)

@@ -71,3 +71,17 @@ def test_a_raising_evaluator_is_recorded_not_fatal():
 def test_the_library_example_runs(capsys):
     runpy.run_path(str(ROOT / "examples" / "library_tune.py"), run_name="__main__")
     assert "best static config" in capsys.readouterr().out
+
+
+def test_a_deployed_catalog_draft_says_where_it_comes_from_and_that_simulation_is_no_evidence():
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256}
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    space = build_space(model, config, hardware="h100", vllm_version="0.34.0", methods=[Method.EAGLE3])
+    catalog = {o.draft: o for o in space.options if o.source == "catalog"}
+    assert catalog and all(o.source_url and o.verified is False for o in catalog.values())
+    requests = [TrafficRequest(format="completions", prompt="def f(x):\n" * 20, output_tokens=128)] * 64
+    engine = SimulatedEngine(PRESETS["llama-3.1-8b"], WORKLOADS["code"], seed=0)
+    out = tune(space, engine, model=ModelRef(model), requests=requests, levels=default_levels(requests)[:2]).outcome
+    assert out.deployed.model in catalog
+    (note,) = [n for n in out.notes if n.startswith("draft ")]
+    assert catalog[out.deployed.model].source_url in note and "verified: False" in note and "simulated" in note

@@ -16,3 +16,19 @@ def test_an_executable_wins_and_lists_become_tuples() -> None:
     options = RunnerOptions(vllm_command=["vllm", "serve"], extra_args=["--x"])  # type: ignore[arg-type]
     assert options.server_command() == ["vllm", "serve"]
     assert options.vllm_command == ("vllm", "serve") and options.extra_args == ("--x",)
+
+
+def test_token_ids_in_measured_windows_follow_the_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tuner.domain import TrafficFormat, TrafficRequest
+    from tuner.settings import Settings
+    from tuner.wiring import runner_options
+    from tuner.workers.replay import ReplaySettings, build_request
+
+    for flag in (True, False):
+        options = RunnerOptions(**runner_options(Settings(data_dir=tmp_path, return_token_ids=flag), tmp_path))
+        assert options.return_token_ids is flag
+        _, body = build_request(
+            TrafficRequest(TrafficFormat.COMPLETIONS, prompt="p", output_tokens=4),
+            ReplaySettings(model="m", return_token_ids=options.return_token_ids),
+        )
+        assert body.get("return_token_ids", False) is flag

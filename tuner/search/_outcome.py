@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tuner.domain import (
+    Engine,
     LevelWinner,
     SkippedCandidate,
     SpecConfig,
@@ -150,6 +151,8 @@ def build_outcome(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]
         notes.append(f"{arm}: out of memory at depth {cap}; only depths below {cap} tried")
     for ex in planner.space.excluded:
         notes.append(f"{ex.method.value}{'@' + ex.draft if ex.draft else ''} not in the space: {ex.reason}")
+    if (note := _catalog_note(planner, schedule or best, engine)) is not None:
+        notes.append(note)
     outcome = TuneOutcome(
         best=best,
         schedule=schedule,
@@ -272,6 +275,22 @@ def _schedule(
         return None, speedup, own
     notes.append(f"schedule {label}: {measured} vs {static}; the schedule is deployed and the speedup is its own")
     return sched, own, own
+
+
+def _catalog_note(planner: OptunaPlanner, deployed: SpecConfig, engine: Engine) -> str | None:
+    """Where a deployed draft from the built-in catalog comes from, and whether this job is evidence for it."""
+    opt = planner.space.option_for(deployed)
+    if opt is None or opt.source != "catalog" or opt.draft is None:
+        return None
+    evidence = (
+        "this job ran it on vLLM: cite the job to set the catalog entry's 'verified' flag"
+        if engine is Engine.VLLM
+        else "simulated here, so not evidence for it"
+    )
+    return (
+        f"draft {opt.draft} comes from the built-in catalog ({opt.source_url}; verified: {bool(opt.verified)}); "
+        f"{evidence}"
+    )
 
 
 def _arm(spec: SpecConfig) -> str:

@@ -195,6 +195,7 @@ class VllmRunner:
             ignore_eos=opts.ignore_eos,
             request_timeout_s=opts.request_timeout_s,
             seed=opts.seed,
+            return_token_ids=opts.return_token_ids,
         )
 
         def should_stop() -> bool:
