@@ -385,6 +385,12 @@ def report_worker(session: Session, name: str, report: dict) -> None:
     row.last_seen = _now()
 
 
+def hardware_seen(session: Session, hardware: str) -> bool:
+    """Whether any worker has reported this chip family (a Ray runner reports each family its cluster has)."""
+    rows = session.scalars(select(WorkerRow)).all()
+    return any(r.hardware == hardware or hardware in (r.report or {}).get("families", ()) for r in rows)
+
+
 def engine_label(engine: str) -> str:
     return "SIMULATED (not a measurement)" if engine == Engine.SIMULATED.value else engine
 

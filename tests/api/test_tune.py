@@ -162,6 +162,20 @@ def test_level_weights_and_compat_overrides_reach_the_job(api: Api) -> None:
     assert spec.compat_overrides == {"suffix": True, "eagle": False}
 
 
+def test_a_queued_job_for_a_chip_no_worker_has_says_so(api: Api) -> None:
+    from tuner import tuning
+    from tuner.store.db import make_engine, make_session_factory, transaction
+
+    job = api.client.post("/tune", json=body(upload(api), engine="vllm", hardware="mi355x"), headers=api.tune).json()
+    got = api.client.get(f"/tune/{job['id']}", headers=api.read).json()
+    assert got["status"] == "queued" and "no worker has reported mi355x" in got["waiting_for"]
+    engine = make_engine(api.settings.db_url)
+    with transaction(make_session_factory(engine)) as s:
+        tuning.report_worker(s, "node-7@host", {"hardware": "mi355x", "vllm_version": "0.34.0"})
+    engine.dispose()
+    assert api.client.get(f"/tune/{job['id']}", headers=api.read).json()["waiting_for"] is None
+
+
 def test_unknown_ids_are_404(api: Api) -> None:
     for method, path in [("get", "/tune/nope"), ("get", "/tune/nope/trials"), ("post", "/tune/nope/cancel")]:
         r = getattr(api.client, method)(path, headers=api.tune | api.read if method == "get" else api.tune)

@@ -220,6 +220,7 @@ class JobOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     links: dict[str, str]
+    waiting_for: str | None = None  # why a queued job is not running yet, when we can tell
 
 
 class TrialOut(BaseModel):

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from tuner import tuning
 from tuner.api.deps import CanRead, CanTune, SessionDep, SettingsDep
 from tuner.api.schemas import JobOut, TrialOut, TuneIn
-from tuner.domain import Engine, JobSpec, ModelRef, SpecConfig, TrafficRequest, fingerprint, from_jsonable
+from tuner.domain import Engine, JobSpec, JobStatus, ModelRef, SpecConfig, TrafficRequest, fingerprint, from_jsonable
 from tuner.errors import InvalidInput
 from tuner.settings import Settings
 from tuner.store.models import JobRow, TrialRow
@@ -165,7 +165,12 @@ def _submit(
 
 @router.get("/tune/{job_id}", dependencies=[CanRead], response_model=JobOut)
 def get_tune_job(job_id: str, session: SessionDep) -> JobOut:
-    return job_out(tuning.get_job(session, job_id))
+    row = tuning.get_job(session, job_id)
+    out = job_out(row)
+    if row.status == JobStatus.QUEUED.value and row.engine == Engine.VLLM.value and row.hardware != "auto":
+        if not tuning.hardware_seen(session, row.hardware):
+            out.waiting_for = f"no worker has reported {row.hardware} GPUs; the job runs when one does"
+    return out
 
 
 @router.get("/tune/{job_id}/trials", dependencies=[CanRead], response_model=list[TrialOut])
