@@ -77,9 +77,9 @@ def _kill_group(pgid: int) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
-    from tuner.workers.vllm_server import group_members
+    from tuner.workers.vllm_server import group_alive
 
-    return bool(group_members(pgid))
+    return group_alive(pgid)
 
 
 ORPHAN_SWEEP_S = 60.0
@@ -390,7 +390,8 @@ class _JobRun:
         """Kill what a dead runner left, fail its running trials (here and in Optuna), re-learn finished ones."""
         host = socket.gethostname()
         with self.r.session() as s:
-            for row in tuning.list_trials(s, self.job_id):
+            rows = tuning.list_trials(s, self.job_id)
+            for row in rows:
                 result = tuning.trial_result(row)
                 if result is not None and TrialStatus(row.status).is_finished():
                     self.results[row.number] = result
@@ -404,7 +405,7 @@ class _JobRun:
                 tuning.mark_trial_abandoned(s, row, f"runner {row.worker} died during the trial; re-queued")
                 self.failed += 1
             stale_numbers = [(row.number, row.worker) for row in stale]
-            known = {row.number for row in tuning.list_trials(s, self.job_id)}
+            known = {row.number for row in rows}
         for number, result in sorted(self.results.items()):
             planner.tell(number, result)
         for number, worker in stale_numbers:

@@ -205,26 +205,14 @@ def _choose(n: int, free: list[int]) -> tuple[int, ...]:
 
 def _live_pgid(fd: int) -> int | None:
     """The first process group named in a lease file that still has a live member, if any."""
+    from tuner.workers.vllm_server import group_alive
+
     text = os.pread(fd, 4096, 0).decode(errors="replace")
     for match in _PGID_LINE.finditer(text):
         pgid = int(match.group(1))
-        if _group_alive(pgid):
+        if group_alive(pgid):
             return pgid
     return None
-
-
-def _group_alive(pgid: int) -> bool:
-    if pgid <= 1:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    from tuner.workers.vllm_server import group_members  # zombies do not hold GPUs
-
-    return bool(group_members(pgid))
 
 
 def _release(fd: int) -> None:

@@ -74,6 +74,19 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def group_alive(pgid: int) -> bool:
+    """True while process group ``pgid`` has a live (non-zombie) member; zombies hold no GPU."""
+    if pgid <= 1:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return bool(group_members(pgid))
+
+
 def kill_process_group(pgid: int, grace_s: float = 20.0, poll_s: float = 0.1) -> bool:
     """SIGTERM the group, SIGKILL it after ``grace_s``; True once no live member remains.
 

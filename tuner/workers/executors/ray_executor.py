@@ -62,6 +62,7 @@ from tuner.workers.executors.ray_cluster import (
     NODE_ID_LABEL,
     NodeView,
     cluster_nodes,
+    connect,
     head_node_id,
 )
 from tuner.workers.executors.recipe import EvaluatorRecipe, build_evaluator
@@ -201,10 +202,7 @@ class RayExecutor(Executor):
         self.cancel_grace_s = cancel_grace_s
         self.cleanup_timeout_s = cleanup_timeout_s
         self.poll_s = poll_s
-        self._owns_ray = False
-        if not ray.is_initialized():
-            ray.init(address=address, log_to_driver=False)
-            self._owns_ray = True
+        self._owns_ray = connect(address)
         # The registry lives on the head node (whose loss ends the cluster anyway), never on a GPU node
         # that may die mid-trial with the pgids it holds.
         head = NodeAffinitySchedulingStrategy(head_node_id(), soft=True)
