@@ -158,10 +158,12 @@ def test_ngram_real_metrics_and_correctness(ngram: TrialResult) -> None:
     assert 1.0 < c1.spec_decode.acceptance_length <= 4.0
     assert c1.spec_decode.empty_step_fraction < 1.0
     # Four in flight run batched: K=0 there, so fewer draft tokens per decode step, and the steps that proposed
-    # nothing (vLLM counts no draft for them) show up as empty steps.
+    # nothing (vLLM counts no draft for them) show up as empty steps. No fixed ratio: the tiny model decodes a
+    # step in a few milliseconds while a new request's round trip takes longer, so c4 is client-bound and
+    # spends a varying share of its steps (up to ~60% seen in CI) at batch size 1, where K is 3 again.
     assert c4.client_concurrency is not None and c4.client_concurrency > 2.0
     per_step = {lr.level.label: lr.spec_decode.num_draft_tokens / lr.spec_decode.decode_steps for lr in ngram.levels}
-    assert per_step["c4"] < 0.5 * per_step["c1"], per_step
+    assert per_step["c4"] < per_step["c1"], per_step
     assert c4.spec_decode.empty_step_fraction > c1.spec_decode.empty_step_fraction
     assert ngram.correctness is not None and ngram.correctness.gated and ngram.correctness.passed
     assert len(ngram.correctness.comparisons) == 4
