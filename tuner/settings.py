@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     simulated_placeholder_process: bool = Field(
         default=False, description="Simulated trials hold a placeholder process group, as a vLLM server would."
     )
+    compat_rules_file: Path | None = Field(
+        default=None,
+        description="JSON list of compatibility rules checked before the built-in table (tuner.search.compat).",
+    )
     auto_migrate: bool = Field(default=True, description="Apply migrations when serve/worker/demo start.")
 
     @field_validator("database_url")

@@ -27,6 +27,7 @@ from tuner.job_runner import JobRunner, TrialExecutor
 from tuner.settings import Settings
 
 if TYPE_CHECKING:
+    from tuner.search import CompatRule
     from tuner.workers.executors import EvaluatorRecipe
 
 log = logging.getLogger("tuner.wiring")
@@ -124,6 +125,7 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
         depth_range=spec.depth_range,
         drafts={Method(m): list(p) for m, p in spec.drafts.items()} or None,
         compat_overrides={Method(m): allow for m, allow in spec.compat_overrides.items()} or None,
+        rules=compat_rules(settings),
     )
     max_num_seqs = spec.serving.args.get("max_num_seqs")
     return OptunaPlanner(
@@ -251,7 +253,17 @@ def _ray_has(settings: Settings, hardware: str) -> bool:
     return False
 
 
+def compat_rules(settings: Settings) -> tuple[CompatRule, ...]:
+    """The server's own compatibility rules (TUNER_COMPAT_RULES_FILE), checked before the built-in table."""
+    from tuner.search import DEFAULT_RULES, load_rules
+
+    if settings.compat_rules_file is None:
+        return DEFAULT_RULES
+    return (*load_rules(settings.compat_rules_file), *DEFAULT_RULES)
+
+
 def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: bool = True) -> JobRunner:
+    compat_rules(settings)  # a bad rules file stops the runner at start, not each job at planning
     report_data = host_report(settings) if report else None
     return JobRunner(
         factory,

@@ -153,3 +153,31 @@ def test_a_jobs_weights_overrides_and_max_num_seqs_reach_its_search(tmp_path: Pa
     methods = {o.method for o in planner.space.options}
     assert Method.NGRAM not in methods and Method.EAGLE3 in methods
     assert any(e.method is Method.NGRAM for e in planner.space.excluded)
+
+
+def test_a_servers_compat_rules_file_reaches_every_jobs_search_and_a_bad_one_stops_the_runner(tmp_path: Path) -> None:
+    import json
+
+    from tuner.domain import Engine, JobSpec, LoadLevel, Method, ModelRef
+    from tuner.store.db import make_engine, make_session_factory
+    from tuner.wiring import make_planner, make_runner
+
+    rules = tmp_path / "compat.json"
+    rules.write_text(json.dumps([{"method": "eagle3", "hardware": "mi300x", "reason": "broken on our nodes"}]))
+    settings = Settings(data_dir=tmp_path, compat_rules_file=rules)
+    spec = JobSpec(
+        ModelRef("meta-llama/Llama-3.1-8B-Instruct"),
+        "t",
+        engine=Engine.SIMULATED,
+        hardware="mi300x",
+        levels=(LoadLevel(value=1),),
+        model_config=LLAMA_8B_CONFIG,
+    )
+    planner = make_planner(settings, "job-1", spec, [])
+    assert Method.EAGLE3 not in {o.method for o in planner.space.options}
+    assert any(e.method is Method.EAGLE3 and e.reason == "broken on our nodes" for e in planner.space.excluded)
+
+    rules.write_text('[{"method": "eagle3"}]')
+    factory = make_session_factory(make_engine(f"sqlite:///{tmp_path / 'x.db'}"))
+    with pytest.raises(ValueError, match="entry 0: 'reason' must be a non-empty string"):
+        make_runner(settings, factory, report=False)

@@ -99,3 +99,45 @@ def test_depth_range_and_method_restriction():
     )
     assert keys(space) == ["off", "ngram"] and space.option("ngram").depths == (2, 3, 4)
     assert space.grid_size == 4
+
+
+def test_server_rules_come_first_and_can_allow_or_exclude(tmp_path):
+    import json
+
+    import pytest
+
+    from tuner.search import DEFAULT_RULES, load_rules
+
+    path = tmp_path / "compat.json"
+    path.write_text(
+        json.dumps(
+            [
+                {"method": "eagle3", "hardware": "*mi355x*", "below_vllm": "0.35", "reason": "diverges (INC-1)"},
+                {"method": "suffix", "hardware": "rocm*", "allow": True, "reason": "arctic-inference for ROCm"},
+            ]
+        )
+    )
+    rules = (*load_rules(path), *DEFAULT_RULES)
+    space = build_space(
+        "meta-llama/Llama-3.1-8B-Instruct", LLAMA, hardware="rocm-mi355x", vllm_version="0.34.0", rules=rules
+    )
+    assert "suffix" in keys(space)  # the server's allow rule shadows the built-in ROCm exclusion
+    assert not any(k.startswith("eagle3") for k in keys(space))
+    assert any(e.method is Method.EAGLE3 and e.reason == "diverges (INC-1)" for e in space.excluded)
+    newer = build_space(
+        "meta-llama/Llama-3.1-8B-Instruct", LLAMA, hardware="rocm-mi355x", vllm_version="0.35.0", rules=rules
+    )
+    assert any(k.startswith("eagle3") for k in keys(newer))  # the rule's version window has passed
+
+    bad = {
+        '{"method": "eagle3"}': "expected a JSON list",
+        '[{"method": "warp", "reason": "x"}]': "entry 0: unknown method 'warp'",
+        '[{"method": "ngram", "reason": "x", "hw": "*"}]': "entry 0: unknown field(s) hw",
+        '[{"method": "ngram", "reason": "x"}, {"method": "ngram"}]': "entry 1: 'reason' must be a non-empty string",
+        '[{"method": "ngram", "reason": "x", "allow": "yes"}]': "'allow' must be true or false",
+        "[{": "compat rules file",
+    }
+    for text, message in bad.items():
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            load_rules(path)

@@ -5,7 +5,7 @@ The only package that imports Optuna. Public names are re-exported here; the mod
 
 from tuner.search._space import ExcludedMethod, MethodOptions, SearchSpace, build_space, mtp_depths
 from tuner.search.catalog import DEFAULT_CATALOG, DraftCatalog, DraftEntry
-from tuner.search.compat import DEFAULT_RULES, CompatRule
+from tuner.search.compat import DEFAULT_RULES, CompatRule, load_rules
 from tuner.search.cost_model import StepCost
 from tuner.search.extrapolation import AcceptanceCurve
 from tuner.search.levels import default_levels
@@ -34,6 +34,7 @@ __all__ = [
     "build_space",
     "default_levels",
     "level_metric",
+    "load_rules",
     "model_traits",
     "mtp_depths",
     "read_model_config",

@@ -3,16 +3,25 @@
 A rule excludes ``method`` where ``hardware`` (an fnmatch pattern on the lower-cased hardware string,
 e.g. ``"rocm*"``, ``"*mi300x*"``, ``"cpu"``) matches and the vLLM version lies in
 ``[min_vllm, below_vllm)``. An unknown version is taken to be the newest known (``LATEST_KNOWN``).
-Override per job with ``compat_overrides={Method.SUFFIX: True}`` (allow despite the table) or
-``{Method.EAGLE: "reason"}`` / ``False`` (exclude), or replace the table with ``rules=``.
+The first matching rule decides; ``allow: true`` rules let a method through where a later rule would
+exclude it. Override per job with ``compat_overrides={Method.SUFFIX: True}`` (allow despite the table) or
+``{Method.EAGLE: "reason"}`` / ``False`` (exclude), or replace the table with ``rules=``. A server adds its
+own rules in front of the defaults from a JSON file (``TUNER_COMPAT_RULES_FILE``, read by ``load_rules``),
+e.g. a fleet's known-broken kernel::
+
+    [{"method": "eagle3", "hardware": "*mi355x*", "below_vllm": "0.35",
+      "reason": "EAGLE-3 diverges with the AITER MLA backend on our MI355X nodes (INC-1234)"},
+     {"method": "suffix", "hardware": "rocm*", "allow": true, "reason": "arctic-inference built for ROCm"}]
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from fnmatch import fnmatch
+from pathlib import Path
 
 from tuner.domain import Method
 
@@ -27,6 +36,7 @@ class CompatRule:
     hardware: str = "*"
     min_vllm: str | None = None  # applies from this version on (inclusive)
     below_vllm: str | None = None  # applies before this version (exclusive)
+    allow: bool = False  # a matching rule lets the method through instead of excluding it
 
     def applies(self, hardware: str, vllm_version: str | None) -> bool:
         if not fnmatch(hardware.lower(), self.hardware.lower()):
@@ -80,5 +90,36 @@ def excluded_reason(
         return verdict if isinstance(verdict, str) and verdict else "excluded by the job's compat override"
     for rule in rules:
         if rule.method is method and rule.applies(hardware, vllm_version):
-            return rule.reason
+            return None if rule.allow else rule.reason
     return None
+
+
+def load_rules(path: str | Path) -> tuple[CompatRule, ...]:
+    """Rules from a JSON list of objects with ``CompatRule``'s fields; ValueError naming the bad entry."""
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"compat rules file {path}: {exc}") from exc
+    if not isinstance(entries, list):
+        raise ValueError(f"compat rules file {path}: expected a JSON list of rules")
+    known = {f.name for f in fields(CompatRule)}
+    rules: list[CompatRule] = []
+    for i, entry in enumerate(entries):
+        where = f"compat rules file {path}, entry {i}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: expected an object")
+        if unknown := sorted(set(entry) - known):
+            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        try:
+            method = Method(entry.get("method"))
+        except ValueError:
+            raise ValueError(f"{where}: unknown method {entry.get('method')!r}") from None
+        if not isinstance(entry.get("reason"), str) or not entry["reason"]:
+            raise ValueError(f"{where}: 'reason' must be a non-empty string")
+        for key in ("hardware", "min_vllm", "below_vllm"):
+            if key in entry and not isinstance(entry[key], str):
+                raise ValueError(f"{where}: '{key}' must be a string")
+        if not isinstance(entry.get("allow", False), bool):
+            raise ValueError(f"{where}: 'allow' must be true or false")
+        rules.append(CompatRule(**{**entry, "method": method}))
+    return tuple(rules)
