@@ -55,6 +55,34 @@ def test_mtp_from_config_with_depths_the_layers_allow():
     assert keys(none) == ["off"] and none.excluded[0].method is Method.MTP
 
 
+GEMMA4 = {
+    "architectures": ["Gemma4ForConditionalGeneration"],
+    "model_type": "gemma4",
+    "text_config": {"vocab_size": 262144},
+}
+
+
+def test_gemma4_gets_its_mtp_assistant_from_the_catalog_or_the_request():
+    space = build_space("google/gemma-4-31B-it", GEMMA4, hardware="mi355x", vllm_version="0.34.0")
+    assistant = space.option("mtp@google/gemma-4-31B-it-assistant")
+    assert assistant.source == "catalog" and assistant.verified is False and assistant.depths == tuple(range(1, 9))
+    assert assistant.spec(3).to_vllm() == {
+        "method": "mtp",
+        "model": "google/gemma-4-31B-it-assistant",
+        "num_speculative_tokens": 3,
+    }
+    assert "mtp" not in keys(space)  # no native heads in the target itself
+    own = build_space(
+        "/models/gemma-4-31b-it-ft",
+        GEMMA4,
+        hardware="mi300x",
+        vllm_version="0.34.0",
+        drafts={Method.MTP: ["/models/gemma-4-31b-it-assistant"]},
+    )
+    assert own.option("mtp@/models/gemma-4-31b-it-assistant").source == "request"
+    assert own.option("mtp@google/gemma-4-31B-it-assistant") is None  # the catalog's pattern wants the base id
+
+
 def test_version_and_hardware_filters_are_overridable():
     medusa = build_space(
         "m",

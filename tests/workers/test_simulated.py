@@ -268,6 +268,17 @@ def test_unsupported_configurations_fail_at_start_with_a_vllm_like_message() -> 
         assert not result.levels
 
 
+def test_an_mtp_assistant_checkpoint_needs_no_native_heads_and_decays_like_a_chain() -> None:
+    # Gemma 4's assistants: method mtp with a separate draft, any K (vLLM reads it as n_predict=1).
+    spec = SpecConfig(Method.MTP, 5, model="google/gemma-4-31B-it-assistant")
+    engine = SimulatedEngine(DENSE, CHAT)
+    result = engine(trial(spec))
+    assert result.status is TrialStatus.SUCCEEDED, result.failure
+    acc = engine.acceptance(spec)
+    assert len(acc) == 5 and all(later < earlier for earlier, later in zip(acc, acc[1:], strict=False))
+    assert engine(trial(SpecConfig(Method.MTP, 5))).status is TrialStatus.FAILED  # no heads, no assistant
+
+
 def test_oom_above_a_depth_and_crash_mid_run() -> None:
     profile = ModelProfile("x", max_depth_before_oom={Method.EAGLE3: 4}, crashing=frozenset({Method.NGRAM}))
     engine = SimulatedEngine(profile, CHAT)

@@ -141,8 +141,9 @@ def build_space(
 
     Always offered: ``off``, ``ngram`` (depths x ``prompt_lookup_min/max`` windows) and ``suffix`` where the
     compat table allows it; ``mtp`` when the config declares native MTP layers (depths any K <= n, then
-    multiples of n); ``eagle``/``eagle3``/``dflash``/``dspark``/``draft_model`` for each checkpoint supplied in
-    ``drafts`` or found in the catalog (``dspark`` also without one: it uses the target). Chain drafters
+    multiples of n) and for each separate MTP checkpoint supplied or catalogued (Gemma 4 assistants, any
+    K); ``eagle``/``eagle3``/``dflash``/``dspark``/``draft_model`` for each checkpoint supplied in ``drafts``
+    or found in the catalog (``dspark`` also without one: it uses the target). Chain drafters
     and ngram take depths ``depth_range`` (default 1-8); DFlash/DSpark take block sizes. ``methods``
     restricts the arms (off is always kept). Everything left out is listed in ``excluded`` with a reason.
     """
@@ -177,22 +178,32 @@ def build_space(
         depths = SUFFIX_DEPTHS if depth_range is None else chain
         options.append(MethodOptions(Method.SUFFIX, depths))
 
+    def draft_candidates(method: Method) -> list[tuple[str | None, str, bool | None, str | None]]:
+        supplied = [(d, "request", None, None) for d in drafts.get(method, ())]
+        known = [(e.checkpoint, "catalog", e.verified, e.source) for e in catalog.for_model(model, [method])]
+        seen: set[str | None] = set()
+        return [c for c in supplied + known if not (c[0] in seen or seen.add(c[0]))]
+
     mtp_layers = traits.mtp_layers if traits else 0
     if want(Method.MTP):
-        if mtp_layers > 0:
-            if allowed(Method.MTP):
+        # Native heads in the target, and/or separate MTP checkpoints (Gemma 4's assistants: vLLM reads their
+        # gemma4_assistant config as one head, n_predict=1, run once per drafted token).
+        assistants = draft_candidates(Method.MTP)
+        if (mtp_layers > 0 or assistants) and allowed(Method.MTP):
+            if mtp_layers > 0:
                 options.append(MethodOptions(Method.MTP, mtp_depths(mtp_layers, hi), source="target"))
-        elif wanted is not None or Method.MTP in drafts:
+            for draft, source, verified, url in assistants:
+                options.append(
+                    MethodOptions(Method.MTP, chain, draft, source=source, verified=verified, source_url=url)
+                )
+        elif mtp_layers <= 0 and not assistants and wanted is not None:
             reason = "no native MTP layers in config.json" if config else "no config.json to read MTP layers from"
             excluded.append(ExcludedMethod(Method.MTP, reason))
 
     for method in DRAFT_METHODS:
         if method is Method.MTP or not want(method):
             continue
-        supplied = [(d, "request", None, None) for d in drafts.get(method, ())]
-        known = [(e.checkpoint, "catalog", e.verified, e.source) for e in catalog.for_model(model, [method])]
-        seen: set[str] = set()
-        candidates = [c for c in supplied + known if not (c[0] in seen or seen.add(c[0]))]
+        candidates = draft_candidates(method)
         if not candidates:
             if method is Method.DSPARK and wanted is not None:
                 candidates = [(None, "target", None, None)]

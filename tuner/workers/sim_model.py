@@ -40,6 +40,7 @@ _DRAFT_COST: dict[Method, float] = {
 _LOOKUP_CPU_US = {Method.NGRAM: 40.0, Method.NGRAM_GPU: 5.0, Method.SUFFIX: 60.0}
 _BLOCK = {Method.DFLASH, Method.DSPARK, Method.MEDUSA}  # one drafter pass whatever k
 _LOOKUP = {Method.NGRAM, Method.NGRAM_GPU, Method.SUFFIX}
+_ASSISTANT_MTP = (0.80, 0.93)  # no public figure yet: between EAGLE-3 and a native MTP head
 _MTP_REUSE_DECAY = 0.8  # a reused MTP head loses ~20% conditional acceptance per extra position
 _EAGER_FIXED = 1.5  # enforce_eager: no CUDA graphs, launch-bound fixed costs
 
@@ -99,6 +100,12 @@ def acceptance(
         shift += context_shift(workload)
         return tuple(_clip(base[min(i, len(base) - 1)] + shift) for i in range(k))
     shift += context_shift(workload)
+    if method is Method.MTP and spec.model is not None:
+        # A separate MTP checkpoint (Gemma 4 assistant): one head that reruns all its layers per drafted token,
+        # so it decays like a chain drafter rather than a reused native head.
+        a1, decay = _ASSISTANT_MTP
+        a1 = _clip(a1 + shift)
+        return tuple(_clip(a1 * decay**i) for i in range(k))
     if method is Method.MTP:
         layers = max(1, model.mtp_layers)
         if layers == 1:

@@ -155,9 +155,9 @@ class SimulatedEngine:
             msg = f"NotImplementedError: speculative method '{method.value}' is not supported for {self.model.name}"
         elif k <= 0:
             msg = f"ValueError: num_speculative_tokens must be > 0 for method '{method.value}', got {k}"
-        elif method is Method.MTP and self.model.mtp_layers <= 0:
+        elif method is Method.MTP and spec.model is None and self.model.mtp_layers <= 0:
             msg = f"ValueError: method 'mtp' needs MTP layers; {self.model.name} has none (num_nextn_predict_layers)"
-        elif method is Method.MTP and k > self.model.mtp_layers and k % self.model.mtp_layers:
+        elif method is Method.MTP and spec.model is None and k > self.model.mtp_layers and k % self.model.mtp_layers:
             msg = (
                 f"ValueError: num_speculative_tokens ({k}) must be divisible by the number of MTP layers "
                 f"(n_predict={self.model.mtp_layers})"
