@@ -244,6 +244,20 @@ def test_node_types_and_labels_are_read(ray_cluster):
     assert hf.accelerator_types == (MI300X_HF,) and hf.family == "mi300x"
 
 
+def test_the_pgid_registry_lives_on_the_head_node(ray_cluster, tmp_path):
+    """Not on a GPU node that may die with the process groups it records (a soft affinity let Ray put it
+    elsewhere most of the time)."""
+    import ray
+
+    executors = [RayExecutor(sleep_recipe(tmp_path, duration_s=0.1), hardware="mi300x") for _ in range(5)]
+    try:
+        homes = {ray.get(ex._registry.node_id.remote(), timeout=30) for ex in executors}
+    finally:
+        for ex in executors:
+            ex.close()
+    assert homes == {ray_cluster.cluster.head_node.node_id}
+
+
 def test_node_lost_mid_trial_is_retried_on_another_node(ray_cluster, tmp_path):
     """Two temporary MI325X nodes: the node the trial starts on dies; the retry runs on the other one.
     (The lost node's processes cannot be reached through Ray; on a real node they die with it, here the

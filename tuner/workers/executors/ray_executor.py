@@ -115,6 +115,9 @@ class _Registry:
         self._info.pop(key, None)
         self._cancel.discard(key)
 
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
 
 def _trial_task(
     recipe: EvaluatorRecipe, spec: TrialSpec, key: str, registry: Any, log_dir: str | None
@@ -204,8 +207,9 @@ class RayExecutor(Executor):
         self.poll_s = poll_s
         self._owns_ray = connect(address)
         # The registry lives on the head node (whose loss ends the cluster anyway), never on a GPU node
-        # that may die mid-trial with the pgids it holds.
-        head = NodeAffinitySchedulingStrategy(head_node_id(), soft=True)
+        # that may die mid-trial with the pgids it holds. Hard affinity: a soft one let Ray place this
+        # zero-CPU actor on other nodes 7 times in 10 (Ray 2.x, local cluster), and CI lost it with a node.
+        head = NodeAffinitySchedulingStrategy(head_node_id(), soft=False)
         self._registry = _Registry.options(scheduling_strategy=head).remote()
         self._lock = threading.Lock()
         self._trials: dict[str, _Trial] = {}
