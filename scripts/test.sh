@@ -28,6 +28,7 @@ fi
 
 # 4. Lint the code, then the deployment files.
 .venv/bin/ruff check tuner tests benchmarks examples migrations
+.venv/bin/ruff format --check --quiet tuner tests benchmarks examples migrations
 #    Deployment files: hadolint on the Dockerfiles, JSON-schema checks of compose and KubeRay manifests.
 if [ -f scripts/lint_deploy.sh ]; then
   PATH="$PWD/.venv/bin:$PATH" bash scripts/lint_deploy.sh

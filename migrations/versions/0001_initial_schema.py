@@ -41,12 +41,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("tuner_traffic_samples", schema=None) as batch_op:
-        batch_op.create_index(
-            batch_op.f("ix_tuner_traffic_samples_fingerprint"), ["fingerprint"], unique=False
-        )
-        batch_op.create_index(
-            batch_op.f("ix_tuner_traffic_samples_workload_class"), ["workload_class"], unique=False
-        )
+        batch_op.create_index(batch_op.f("ix_tuner_traffic_samples_fingerprint"), ["fingerprint"], unique=False)
+        batch_op.create_index(batch_op.f("ix_tuner_traffic_samples_workload_class"), ["workload_class"], unique=False)
 
     op.create_table(
         "tuner_workers",
