@@ -263,7 +263,9 @@ def compat_rules(settings: Settings) -> tuple[CompatRule, ...]:
 
 
 def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: bool = True) -> JobRunner:
-    compat_rules(settings)  # a bad rules file stops the runner at start, not each job at planning
+    # Read here so a bad rules file stops the runner at start; make_planner reads it again per job, so an
+    # edited file applies without a restart (a few rules: cheap next to planning).
+    compat_rules(settings)
     report_data = host_report(settings) if report else None
     return JobRunner(
         factory,

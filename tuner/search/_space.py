@@ -189,14 +189,15 @@ def build_space(
         # Native heads in the target, and/or separate MTP checkpoints (Gemma 4's assistants: vLLM reads their
         # gemma4_assistant config as one head, n_predict=1, run once per drafted token).
         assistants = draft_candidates(Method.MTP)
-        if (mtp_layers > 0 or assistants) and allowed(Method.MTP):
-            if mtp_layers > 0:
-                options.append(MethodOptions(Method.MTP, mtp_depths(mtp_layers, hi), source="target"))
-            for draft, source, verified, url in assistants:
-                options.append(
-                    MethodOptions(Method.MTP, chain, draft, source=source, verified=verified, source_url=url)
-                )
-        elif mtp_layers <= 0 and not assistants and wanted is not None:
+        if mtp_layers > 0 or assistants:
+            if allowed(Method.MTP):
+                if mtp_layers > 0:
+                    options.append(MethodOptions(Method.MTP, mtp_depths(mtp_layers, hi), source="target"))
+                for draft, source, verified, url in assistants:
+                    options.append(
+                        MethodOptions(Method.MTP, chain, draft, source=source, verified=verified, source_url=url)
+                    )
+        elif wanted is not None:
             reason = "no native MTP layers in config.json" if config else "no config.json to read MTP layers from"
             excluded.append(ExcludedMethod(Method.MTP, reason))
 

@@ -100,20 +100,16 @@ def acceptance(
         shift += context_shift(workload)
         return tuple(_clip(base[min(i, len(base) - 1)] + shift) for i in range(k))
     shift += context_shift(workload)
-    if method is Method.MTP and spec.model is not None:
-        # A separate MTP checkpoint (Gemma 4 assistant): one head that reruns all its layers per drafted token,
-        # so it decays like a chain drafter rather than a reused native head.
-        a1, decay = _ASSISTANT_MTP
-        a1 = _clip(a1 + shift)
-        return tuple(_clip(a1 * decay**i) for i in range(k))
-    if method is Method.MTP:
+    if method is Method.MTP and spec.model is None:
         layers = max(1, model.mtp_layers)
         if layers == 1:
             a1 = _clip(0.88 + 0.4 * shift)
             return tuple(_clip(a1 * _MTP_REUSE_DECAY**i) for i in range(k))
         heads = [_clip(0.86 - (0.86 - (0.76 + 0.5 * shift)) * 0.6**i) for i in range(layers)]
         return tuple(_clip(heads[i % layers] * _MTP_REUSE_DECAY ** (i // layers)) for i in range(k))
-    a1, decay = _CHAIN.get(method, (0.65, 0.95))
+    # Chain drafters, and a separate MTP checkpoint (Gemma 4 assistant): one head that reruns all its layers
+    # per drafted token, so it decays like a chain drafter rather than a reused native head.
+    a1, decay = _ASSISTANT_MTP if method is Method.MTP else _CHAIN.get(method, (0.65, 0.95))
     a1 = _clip(a1 + shift)
     return tuple(_clip(a1 * decay**i) for i in range(k))
 
