@@ -19,13 +19,19 @@ def get_settings(request: Request) -> Settings:
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    """Commit when the route returns, roll back when it raises: routes and services never commit."""
+    """Commit when the route returns, roll back when it raises: routes and services never commit.
+
+    Declared with ``scope="function"`` (below): FastAPI then runs this exit, the commit, after the route
+    returns and before the response is sent, and a failing commit reaches the error handlers (503/500). With
+    the default scope the exit runs after the response went out, so a client could see a 2xx for a write that
+    was never stored (and its next request a 404).
+    """
     with transaction(request.app.state.session_factory) as session:
         yield session
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def require(scope: Scope) -> Callable[..., None]:

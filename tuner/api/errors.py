@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuner.errors import TunerError, Unauthorized
+from tuner.store.retry import is_transient
 
 log = logging.getLogger("tuner.api")
 PROBLEM = "application/problem+json"
@@ -26,7 +29,9 @@ _TITLES = {
     415: "Unsupported media type",
     422: "Invalid input",
     500: "Internal server error",
+    503: "Service unavailable",
 }
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def problem(
@@ -36,6 +41,7 @@ def problem(
     instance: str | None = None,
     errors: Sequence[Mapping[str, Any]] = (),
     headers: Mapping[str, str] | None = None,
+    correlation_id: str | None = None,
 ) -> JSONResponse:
     body: dict[str, Any] = {
         "type": "about:blank",
@@ -47,7 +53,15 @@ def problem(
         body["instance"] = instance
     if errors:
         body["errors"] = list(errors)
+    if correlation_id:
+        body["correlation_id"] = correlation_id
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=dict(headers or {}))
+
+
+def correlation_id(request: Request) -> str:
+    """The client's ``X-Request-ID`` when it is a plain token, else a new one: the key to the log line."""
+    given = request.headers.get("x-request-id", "")
+    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
 
 
 def _field(loc: Sequence[Any]) -> str:
@@ -81,6 +95,27 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        # Logged with its traceback for operators; the client gets a problem document, never a stack trace.
-        log.exception("internal error on %s %s", request.method, request.url.path)
-        return problem(500, "internal server error; the operator's log has the details", instance=request.url.path)
+        # Logged with its traceback for operators (engines hide statement parameters, so no traffic content
+        # reaches the log); the client gets a message and the correlation id, never SQL or a stack trace.
+        # Nothing was stored: the request's transaction was rolled back, or its commit failed.
+        cid = correlation_id(request)
+        headers = {"X-Request-ID": cid}
+        if is_transient(exc):
+            log.error(
+                "database unavailable on %s %s [%s]: %s", request.method, request.url.path, cid, exc, exc_info=exc
+            )
+            return problem(
+                503,
+                f"the database is unavailable; the request may not be stored, retry it (correlation id {cid})",
+                instance=request.url.path,
+                headers={**headers, "Retry-After": "5"},
+                correlation_id=cid,
+            )
+        log.error("internal error on %s %s [%s]", request.method, request.url.path, cid, exc_info=exc)
+        return problem(
+            500,
+            f"internal server error; nothing was stored, the operator's log has the details (correlation id {cid})",
+            instance=request.url.path,
+            headers=headers,
+            correlation_id=cid,
+        )
