@@ -5,6 +5,13 @@ whose runner stopped heart-beating is claimed by another runner, which first kil
 dead runner left (their ids are stored with each trial), marks those trials failed (in Optuna too, through
 ``Planner.abandon``) and re-queues them; finished trials are never run again and no result is stored twice
 (``tuning.finish_trial`` ignores a second result, ``Planner.tell`` is idempotent).
+
+The database may go away for a while (a restart, a failover): every write is a transaction retried through
+transient errors (``tuner.store.retry``) and written so that a repeat is a no-op. Every write also checks the
+claim's epoch (``tuning.fence``): a runner cut off long enough for another to take its job over learns so at
+its next write, stops its trials and writes nothing more. The new owner kills what the old one left only
+when the GPU lease says its holder is dead (``orphans.held_by_live_runner``): a fenced runner that is still
+alive keeps its lease's flock and stops its own servers.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, replace
@@ -42,6 +50,8 @@ from tuner.domain import (
 from tuner.errors import TunerError
 from tuner.store.db import transaction
 from tuner.store.models import JobRow
+from tuner.store.retry import DEFAULT_RETRY_S, in_transaction, is_transient
+from tuner.tuning import Claim, LostClaim
 
 log = logging.getLogger("tuner.runner")
 
@@ -82,6 +92,10 @@ def _group_alive(pgid: int) -> bool:
     return group_alive(pgid)
 
 
+def _never_held(pgid: int) -> bool:
+    return False
+
+
 ORPHAN_SWEEP_S = 60.0
 ORPHAN_WINDOW = timedelta(days=1)  # older process groups are left alone: by then a pid may have been reused
 
@@ -111,6 +125,8 @@ class JobRunner:
         host_report: dict[str, Any] | None = None,
         hardware: Sequence[str] | None = None,
         trial_deadline_s: float | None = None,
+        held_by_live_runner: Callable[[int], bool] = _never_held,
+        db_retry_s: float = DEFAULT_RETRY_S,
     ) -> None:
         self._factory = factory
         self._planner_factory = planner_factory
@@ -126,6 +142,9 @@ class JobRunner:
         self._host_report = host_report
         self._hardware = hardware
         self._trial_deadline_s = trial_deadline_s  # a trial still running this long is killed: TIMEOUT
+        # pgid -> whether a live runner on this host still holds it (its GPU lease): never kill those
+        self._held_by_live_runner = held_by_live_runner
+        self._db_retry_s = db_retry_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -141,8 +160,8 @@ class JobRunner:
 
     def run_forever(self) -> None:
         if self._host_report is not None:
-            with transaction(self._factory) as s:
-                tuning.report_worker(s, self.worker, self._host_report)
+            report = self._host_report
+            self.write("report the worker", lambda s: tuning.report_worker(s, self.worker, report))
         while not self._stop.is_set():
             try:
                 if time.monotonic() >= self._next_sweep:
@@ -156,64 +175,112 @@ class JobRunner:
 
     def run_once(self, job_id: str | None = None) -> str | None:
         """Claim one job (or the given one) and run it to the end. Returns its id, or None if none was free."""
-        with transaction(self._factory) as s:
+        attempts = 0
+
+        def claim(s: Session) -> Claim | None:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1:  # the previous attempt's commit may have gone through: that claim is ours
+                own = tuning.own_running_job(s, self.worker)
+                if own is not None and (job_id is None or own.id == job_id):
+                    return Claim(own.id, self.worker, own.attempts)
             tuning.purge_expired_traffic(s)
             job = tuning.claim_job(
                 s, self.worker, stale_after_s=self._stale_after_s, job_id=job_id, hardware=self._hardware
             )
-            if job is None:
-                return None
-            claimed_id = job.id
-        log.info("runner %s claimed job %s", self.worker, claimed_id)
-        _JobRun(self, claimed_id).run()
-        return claimed_id
+            return None if job is None else Claim(job.id, self.worker, job.attempts)
+
+        claimed = self.write("claim a job", claim)
+        if claimed is None:
+            return None
+        log.info("runner %s claimed job %s (epoch %s)", self.worker, claimed.job_id, claimed.epoch)
+        _JobRun(self, claimed).run()
+        return claimed.job_id
 
     def sweep_orphans(self) -> list[int]:
         """Kill servers left on this host by trials the store says are over (a job recovered from another
         host cannot kill them: only a runner on their host can). Returns the process groups killed."""
         host = socket.gethostname()
         since = datetime.now(UTC) - ORPHAN_WINDOW
-        with transaction(self._factory) as s:
-            rows = [(r.job_id, r.number, r.pgid) for r in tuning.finished_trials_with_processes(s, host, since)]
+        rows = self.write(
+            "list finished trials",
+            lambda s: [(r.job_id, r.number, r.pgid) for r in tuning.finished_trials_with_processes(s, host, since)],
+        )
         killed = []
         for job_id, number, pgid in rows:
-            if pgid and self._group_alive(pgid):
+            if pgid and self._group_alive(pgid) and not self._held_by_live_runner(pgid):
                 log.warning("killing process group %s left by finished trial %s of job %s", pgid, number, job_id)
                 self._kill_group(pgid)
                 killed.append(pgid)
         return killed
 
     # ------------------------------------------------------------------ helpers used by _JobRun
-    def session(self) -> Any:
+    def write_once(self) -> Any:
+        """One transaction, not retried (the heartbeat: its next beat is the retry)."""
         return transaction(self._factory)
+
+    def write(self, what: str, work: Callable[[Session], Any], retry_s: float | None = None) -> Any:
+        """``work(session)`` in a transaction retried through transient database errors."""
+        return in_transaction(
+            self._factory, work, what=what, retry_s=self._db_retry_s if retry_s is None else retry_s, stop=self._stop
+        )
 
 
 class _JobRun:
     """One claimed job, from recovery to publication."""
 
-    def __init__(self, runner: JobRunner, job_id: str) -> None:
+    def __init__(self, runner: JobRunner, claim: Claim) -> None:
         self.r = runner
-        self.job_id = job_id
+        self.claim = claim
+        self.job_id = claim.job_id
         self.cancelled = threading.Event()
         self.lost = threading.Event()  # another runner took the job over: stop without writing the outcome
         self.results: dict[int, TrialResult] = {}
         self.failed = 0
 
-    # ------------------------------------------------------------------ heartbeat
+    # ------------------------------------------------------------------ writes and heartbeat
+    def _write(self, what: str, work: Callable[[Session], Any], retry_s: float | None = None) -> Any:
+        """A write of this job's: fenced by the claim (LostClaim once another runner holds the job)."""
+
+        def fenced(s: Session) -> Any:
+            if tuning.fence(s, self.claim):
+                self.cancelled.set()
+            return work(s)
+
+        try:
+            return self.r.write(what, fenced, retry_s)
+        except LostClaim:
+            self._lose()
+            raise
+
+    def _lose(self) -> None:
+        if not self.lost.is_set():
+            log.warning("job %s: %s lost its claim to another runner; stopping without writing", *self._who())
+        self.lost.set()
+        self.cancelled.set()
+
+    def _who(self) -> tuple[str, str]:
+        return self.job_id, self.r.worker
+
     def _heartbeat(self, done: threading.Event) -> None:
+        failing = False
         while not done.wait(self.r._heartbeat_s):
             try:
-                with self.r.session() as s:
-                    ours, cancel = tuning.heartbeat(s, self.job_id, self.r.worker)
-            except Exception:
-                log.exception("heartbeat failed for job %s", self.job_id)
+                with self.r.write_once() as s:
+                    cancel = tuning.fence(s, self.claim)
+            except LostClaim:
+                self._lose()
+                return
+            except Exception as e:  # the database is away: keep the trials going, the claim may still be ours
+                if not failing:
+                    log.warning("heartbeat of job %s failed (%s); retrying", self.job_id, type(e).__name__)
+                failing = True
                 continue
+            if failing:
+                log.info("heartbeat of job %s is back", self.job_id)
+                failing = False
             if cancel:
                 self.cancelled.set()
-            if not ours:
-                self.lost.set()
-                self.cancelled.set()
-                return
 
     def _is_cancelled(self) -> bool:
         return self.cancelled.is_set()
@@ -225,25 +292,44 @@ class _JobRun:
         hb.start()
         try:
             self._run()
+        except LostClaim:
+            pass  # logged by _lose; the new owner carries on
         except TunerError as e:  # the job cannot run as asked (refused input, deleted traffic): say why
             log.warning("job %s refused: %s", self.job_id, e.detail)
-            with self.r.session() as s:
-                tuning.finish_job(s, self.job_id, self.r.worker, JobStatus.FAILED, error=e.detail)
+            self._finish(JobStatus.FAILED, e.detail)
         except Exception as e:
-            log.exception("job %s failed", self.job_id)
-            with self.r.session() as s:
-                tuning.finish_job(s, self.job_id, self.r.worker, JobStatus.FAILED, error=f"internal error: {e}")
+            if is_transient(e):  # the database stayed away past the retries: leave the job to be re-claimed
+                log.error("job %s: database unavailable for too long; leaving the job to be taken over", self.job_id)
+                return
+            # The client sees a message and an id; the details (SQL, traceback) stay in this log.
+            cid = uuid.uuid4().hex[:12]
+            log.exception("job %s failed [correlation id %s]", self.job_id, cid)
+            self._finish(JobStatus.FAILED, f"internal error (correlation id {cid}); the worker's log has the details")
         finally:
             done.set()
             hb.join(5)
 
+    def _finish(self, status: JobStatus, error: str | None) -> None:
+        def work(s: Session) -> None:
+            if tuning.finished_under(s, self.claim) is not None:
+                return  # a retry whose first commit went through
+            tuning.fence(s, self.claim)
+            tuning.finish_job(s, self.job_id, self.r.worker, status, error=error, epoch=self.claim.epoch)
+
+        try:
+            self.r.write(f"finish job {self.job_id}", work)
+        except LostClaim:
+            self._lose()
+
     def _run(self) -> None:
-        with self.r.session() as s:
+        def read(s: Session) -> tuple[JobSpec, list[TrafficRequest]]:
             job = tuning.get_job(s, self.job_id)
-            spec = tuning.job_spec(job)
             if job.cancel_requested:  # cancelled while its dead runner held it: clean up, run nothing
                 self.cancelled.set()
             requests = [] if self.cancelled.is_set() else tuning.traffic_requests(s, job.traffic_id)
+            return tuning.job_spec(job), requests
+
+        spec, requests = self._write("read the job", read)
         planner = self.r._planner_factory(self.job_id, spec, requests)
         self._recover(planner)
         executor = self.r._executor_factory(spec)
@@ -265,8 +351,7 @@ class _JobRun:
             log.warning("job %s was taken over by another runner; %s stops", self.job_id, self.r.worker)
             return
         if self.cancelled.is_set():
-            with self.r.session() as s:
-                tuning.finish_job(s, self.job_id, self.r.worker, JobStatus.CANCELLED, error="cancelled on request")
+            self._finish(JobStatus.CANCELLED, "cancelled on request")
             return
         self._publish(planner, spec)
 
@@ -300,6 +385,9 @@ class _JobRun:
                     break
             if not running and (exhausted or over_time):
                 return
+            if not running:  # no free slot and nothing of ours to wait for: sleep, never spin
+                self.cancelled.wait(self.r._poll_s)
+                continue
             done, _ = wait([i.future for i in running.values()], timeout=self.r._poll_s, return_when=FIRST_COMPLETED)
             for number, item in list(running.items()):
                 if item.future in done:
@@ -314,8 +402,10 @@ class _JobRun:
         self, executor: TrialExecutor, spec: JobSpec, requests: list[TrafficRequest], proposal: Proposal
     ) -> Future[TrialResult]:
         levels = to_jsonable(list(spec.levels))
-        with self.r.session() as s:
-            tuning.start_trial(s, self.job_id, proposal, levels=levels, worker=self.r.worker)
+        self._write(
+            f"start trial {proposal.number}",
+            lambda s: tuning.start_trial(s, self.job_id, proposal, levels=levels, worker=self.r.worker),
+        )
         reference = next(
             (r.reference_outputs for r in self.results.values() if r.spec.is_off and r.reference_outputs), None
         )
@@ -342,8 +432,19 @@ class _JobRun:
         )
 
         def on_started(pgid: int) -> None:
-            with self.r.session() as s:
-                tuning.set_trial_pgid(s, self.job_id, proposal.number, pgid)
+            # The lease file names the group already (before it runs anything); this copy is for recovery
+            # from other hosts. A database away for long must not kill the trial: the lease covers it.
+            try:
+                self._write(
+                    f"record pgid of trial {proposal.number}",
+                    lambda s: tuning.set_trial_pgid(s, self.job_id, proposal.number, pgid),
+                )
+            except LostClaim:
+                raise
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                log.warning("trial %s of job %s: pgid %s not stored (database away)", proposal.number, *self._who())
 
         log_dir = str(self.r._log_dir / self.job_id) if self.r._log_dir else None
         ctx = TrialContext(is_cancelled=self._is_cancelled, on_process_started=on_started, log_dir=log_dir)
@@ -357,10 +458,18 @@ class _JobRun:
     def _record(self, planner: Planner, proposal: Proposal, result: TrialResult) -> None:
         if not result.worker:
             result = replace(result, worker=self.r.worker)
-        with self.r.session() as s:
-            stored = tuning.finish_trial(s, self.job_id, proposal.number, result)
-        if stored is None:
+        if self.lost.is_set():
+            return  # the new owner recovers this trial; nothing of ours is written
+        try:
+            stored = self._write(
+                f"finish trial {proposal.number}",
+                lambda s: tuning.finish_trial(s, self.job_id, proposal.number, result),
+            )
+        except LostClaim:
             return
+        if stored is None or proposal.number in self.results:
+            return
+        result = stored  # ours, or the one a retried commit had stored already
         self.results[proposal.number] = result
         if result.status is not TrialStatus.SUCCEEDED:
             self.failed += 1
@@ -379,36 +488,51 @@ class _JobRun:
             }
         except Exception:  # no baseline yet: nothing to compare with
             best = None
-        with self.r.session() as s:
+
+        def work(s: Session) -> None:
             job = tuning.get_job(s, self.job_id)
             progress = dict(job.progress or {})
             progress.update(trials_finished=len(self.results), trials_failed=self.failed)
             tuning.set_progress(s, self.job_id, progress, best)
 
+        self._write("record progress", work)
+
     # ------------------------------------------------------------------ recovery and publication
     def _recover(self, planner: Planner) -> None:
         """Kill what a dead runner left, fail its running trials (here and in Optuna), re-learn finished ones."""
         host = socket.gethostname()
-        with self.r.session() as s:
-            rows = tuning.list_trials(s, self.job_id)
-            for row in rows:
-                result = tuning.trial_result(row)
-                if result is not None and TrialStatus(row.status).is_finished():
-                    self.results[row.number] = result
-                    if result.status is not TrialStatus.SUCCEEDED:
-                        self.failed += 1
+
+        def work(s: Session) -> tuple[list[Any], list[tuple[int, int, str | None]]]:
             stale = tuning.abandoned_trials(s, self.job_id)
+            groups = [(row.number, row.pgid, row.worker) for row in stale if row.pgid]
             for row in stale:
-                if row.pgid and (row.worker or "").rpartition("@")[2] == host:
-                    log.warning("killing process group %s left by %s (trial %s)", row.pgid, row.worker, row.number)
-                    self.r._kill_group(row.pgid)
                 tuning.mark_trial_abandoned(s, row, f"runner {row.worker} died during the trial; re-queued")
-                self.failed += 1
-            stale_numbers = [(row.number, row.worker) for row in stale]
-            known = {row.number for row in rows}
+            rows = tuning.list_trials(s, self.job_id)
+            return [(r.number, r.status, tuning.trial_result(r), r.worker) for r in rows], groups
+
+        rows, groups = self._write("recover the job's trials", work)
+        for number, pgid, worker in groups:  # after the commit: a crash here leaves them to the orphan sweep
+            if (worker or "").rpartition("@")[2] != host:
+                continue  # only a runner on their host can kill them (its orphan sweep does)
+            if self.r._held_by_live_runner(pgid):
+                # Its runner is alive (cut off from the database, then fenced): it stops its own server.
+                log.warning("process group %s of trial %s is still held by a live runner; not killing it", pgid, number)
+                continue
+            log.warning("killing process group %s left by %s (trial %s)", pgid, worker, number)
+            self.r._kill_group(pgid)
+        abandoned = []
+        for number, status, result, worker in rows:
+            if not TrialStatus(status).is_finished():
+                continue
+            if result is None:  # failed without a result: its runner died (now, or in an earlier recovery)
+                abandoned.append((number, worker))
+                continue
+            self.results[number] = result
+        self.failed = sum(1 for r in self.results.values() if r.status is not TrialStatus.SUCCEEDED) + len(abandoned)
+        known = {number for number, *_ in rows}
         for number, result in sorted(self.results.items()):
             planner.tell(number, result)
-        for number, worker in stale_numbers:
+        for number, worker in abandoned:  # a no-op for those Optuna already knows as failed
             planner.abandon(number, f"runner {worker} died during the trial")
         for proposal in planner.pending():  # asked for, then the runner died before recording the launch
             if proposal.number not in known:
@@ -416,7 +540,12 @@ class _JobRun:
 
     def _publish(self, planner: Planner, spec: JobSpec) -> None:
         outcome = planner.outcome()
-        with self.r.session() as s:
+
+        def work(s: Session) -> None:
+            if tuning.finished_under(s, self.claim) is not None:
+                return  # a retry whose first commit went through: published once
+            if tuning.fence(s, self.claim):
+                self.cancelled.set()
             job: JobRow = tuning.get_job(s, self.job_id)
             traffic = tuning.get_traffic(s, job.traffic_id)
             baseline = outcome.baseline_trial
@@ -430,6 +559,7 @@ class _JobRun:
                     self.r.worker,
                     JobStatus.FAILED,
                     error=f"the no-speculation baseline could not be measured: {reason}",
+                    epoch=self.claim.epoch,
                 )
                 return
             recommendations.publish(s, job, spec, outcome, self.results, traffic)
@@ -442,7 +572,12 @@ class _JobRun:
                 "engine": spec.engine.value,
                 "simulated": spec.engine is Engine.SIMULATED,
             }
-            tuning.finish_job(s, self.job_id, self.r.worker, JobStatus.SUCCEEDED)
+            tuning.finish_job(s, self.job_id, self.r.worker, JobStatus.SUCCEEDED, epoch=self.claim.epoch)
+
+        try:
+            self.r.write(f"publish job {self.job_id}", work)
+        except LostClaim:
+            self._lose()
 
 
 def _infra(proposal: Proposal, reason: str, spec: JobSpec) -> TrialResult:

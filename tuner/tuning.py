@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import and_, or_, select, update
@@ -253,6 +254,50 @@ def claim_job(
     return None
 
 
+class LostClaim(Exception):
+    """Another runner claimed the job (this one's heartbeat went stale): stop, and write nothing more."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A runner's hold on a job. ``epoch`` is the job's ``attempts`` after this claim: a later claim by
+    anyone raises it, so a write that checks it cannot come from a runner that lost the job."""
+
+    job_id: str
+    worker: str
+    epoch: int
+
+
+def own_running_job(session: Session, worker: str) -> JobRow | None:
+    """The running job this worker holds, if any: a claim whose commit was lost in a database restart is
+    found again by the retry instead of claiming a second job (and leaving the first one stuck)."""
+    return session.scalars(
+        select(JobRow).where(JobRow.claimed_by == worker, JobRow.status == JobStatus.RUNNING.value).limit(1)
+    ).first()
+
+
+def fence(session: Session, claim: Claim) -> bool:
+    """Refresh the claim inside the caller's transaction and check it is still ours; returns cancel-requested.
+
+    Every runner write starts with this. It is an UPDATE of the job row, so on PostgreSQL it holds the row
+    lock until the caller commits: a concurrent take-over (a conditional UPDATE of the same row) waits, then
+    re-checks its WHERE, sees the fresh heartbeat and does not claim. On SQLite writers are serialised."""
+    res = session.execute(
+        update(JobRow)
+        .where(
+            JobRow.id == claim.job_id,
+            JobRow.claimed_by == claim.worker,
+            JobRow.attempts == claim.epoch,
+            JobRow.status == JobStatus.RUNNING.value,
+        )
+        .values(heartbeat_at=_now())
+        .execution_options(synchronize_session=False)
+    )
+    if res.rowcount != 1:  # type: ignore[attr-defined]
+        raise LostClaim(f"job {claim.job_id} is no longer held by {claim.worker} (epoch {claim.epoch})")
+    return bool(session.scalar(select(JobRow.cancel_requested).where(JobRow.id == claim.job_id)))
+
+
 def heartbeat(session: Session, job_id: str, worker: str) -> tuple[bool, bool]:
     """Refresh the claim. Returns (still ours, cancel requested)."""
     res = session.execute(
@@ -265,10 +310,24 @@ def heartbeat(session: Session, job_id: str, worker: str) -> tuple[bool, bool]:
     return res.rowcount == 1, bool(cancel)  # type: ignore[attr-defined]
 
 
-def finish_job(session: Session, job_id: str, worker: str, status: JobStatus, *, error: str | None = None) -> bool:
+def finished_under(session: Session, claim: Claim) -> JobStatus | None:
+    """The job's final status if this very claim ended it (a retried finish whose first commit went through)."""
+    row = session.get(JobRow, claim.job_id, populate_existing=True)
+    if row is None or row.claimed_by != claim.worker or row.attempts != claim.epoch:
+        return None
+    status = JobStatus(row.status)
+    return status if status.is_finished() else None
+
+
+def finish_job(
+    session: Session, job_id: str, worker: str, status: JobStatus, *, error: str | None = None, epoch: int | None = None
+) -> bool:
+    conditions = [JobRow.id == job_id, JobRow.claimed_by == worker, JobRow.status == JobStatus.RUNNING.value]
+    if epoch is not None:
+        conditions.append(JobRow.attempts == epoch)
     res = session.execute(
         update(JobRow)
-        .where(JobRow.id == job_id, JobRow.claimed_by == worker, JobRow.status == JobStatus.RUNNING.value)
+        .where(*conditions)
         .values(status=status.value, error=error, finished_at=_now())
         .execution_options(synchronize_session=False)
     )
@@ -314,11 +373,15 @@ def set_trial_pgid(session: Session, job_id: str, number: int, pgid: int) -> Non
     )
 
 
-def finish_trial(session: Session, job_id: str, number: int, result: TrialResult) -> TrialRow | None:
-    """Store a result once. A second result for a finished trial is ignored (no result stored twice)."""
+def finish_trial(session: Session, job_id: str, number: int, result: TrialResult) -> TrialResult | None:
+    """Store a result once; returns the trial's stored result. A second result for a finished trial is not
+    stored (no result stored twice): the first one is returned, so a retry whose first commit went through
+    carries on with it. None: no such trial, or it was abandoned (failed without a result)."""
     row = session.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.number == number)).first()
-    if row is None or TrialStatus(row.status).is_finished():
+    if row is None:
         return None
+    if TrialStatus(row.status).is_finished():
+        return trial_result(row)
     now = _now()
     row.status = result.status.value
     row.engine = result.engine.value
@@ -332,7 +395,7 @@ def finish_trial(session: Session, job_id: str, number: int, result: TrialResult
     row.duration_s = (
         result.wall_s if result.wall_s is not None else (now - started).total_seconds() if started else None
     )
-    return row
+    return result
 
 
 def trial_result(row: TrialRow) -> TrialResult | None:
