@@ -81,13 +81,13 @@ def worker_identity(name: str) -> str:
 
 
 def _kill_group(pgid: int) -> None:
-    from tuner.workers.vllm_server import kill_process_group
+    from tuner.workers.process_group import kill_process_group
 
     kill_process_group(pgid, grace_s=5.0)
 
 
 def _group_alive(pgid: int) -> bool:
-    from tuner.workers.vllm_server import group_alive
+    from tuner.workers.process_group import group_alive
 
     return group_alive(pgid)
 

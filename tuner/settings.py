@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     heartbeat_s: float = 2.0
     stale_after_s: float = 15.0
     poll_s: float = 0.5
+    db_retry_s: float = Field(
+        default=180.0,
+        description="How long a runner retries a write through transient database errors (a restart, a "
+        "failover) before it leaves the job to be taken over.",
+    )
     # Runner (vLLM) options
     vllm_executable: str | None = Field(
         default=None, description="Path of the `vllm` executable; default: `python -m` vLLM's API server."

@@ -201,7 +201,7 @@ def make_executor(settings: Settings, spec: JobSpec) -> TrialExecutor:
     from tuner.workers.executors import EvaluatorRecipe, LocalExecutor, build_evaluator
 
     log_dir = settings.log_dir
-    lease_dir = settings.data_dir / "gpu-leases"
+    lease_dir = lease_dirs(settings)[0]
     one_at_a_time = 1 if settings.db_url.startswith("sqlite") else None
     if spec.engine is Engine.SIMULATED:
         recipe = simulated_recipe(
@@ -279,7 +279,21 @@ def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: b
         host_report=report_data,
         hardware=claimable_hardware(settings, report_data),
         trial_deadline_s=settings.trial_deadline_s,
+        held_by_live_runner=lambda pgid: _held_by_live_runner(settings, pgid),
+        db_retry_s=settings.db_retry_s,
     )
+
+
+def _held_by_live_runner(settings: Settings, pgid: int) -> bool:
+    from tuner.workers.gpu_lease import held_by_live_holder
+
+    return held_by_live_holder(lease_dirs(settings), pgid)
+
+
+def lease_dirs(settings: Settings) -> list[Path]:
+    """The GPU lease directories of this host's workers (GPUs, and the CPU-only slot)."""
+    root = settings.data_dir / "gpu-leases"
+    return [root, root / "cpu"]
 
 
 def claimable_hardware(settings: Settings, report: dict[str, Any] | None) -> Sequence[str] | None:

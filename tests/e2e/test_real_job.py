@@ -21,7 +21,7 @@ from tuner.store import migrate
 from tuner.store.db import make_engine, make_session_factory, transaction
 from tuner.wiring import make_runner
 from tuner.workers.options import RunnerOptions
-from tuner.workers.vllm_server import group_members
+from tuner.workers.process_group import group_members
 
 pytestmark = [pytest.mark.vllm]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.workers.vllm_server import group_members
+from tuner.workers.process_group import group_members
 
 DATA = Path(__file__).parent / "data"
 

@@ -10,7 +10,8 @@ import textwrap
 import threading
 import time
 
-from tuner.workers.gpu_lease import GpuLease
+from tuner.workers.gpu_lease import GpuLease, held_by_live_holder
+from tuner.workers.process_group import group_alive
 
 # A child process that takes a group and reports it, then holds it until killed or told to exit.
 HOLDER = textwrap.dedent(
@@ -142,7 +143,9 @@ CRASHING_HOLDER = textwrap.dedent(
 )
 
 
-def test_a_dead_workers_live_server_keeps_its_gpu_busy(tmp_path, caplog):
+def test_a_dead_workers_live_server_is_killed_by_the_next_taker(tmp_path, caplog):
+    """The worker died after its server's group was recorded in the lease (maybe before the store knew it):
+    the lease's record is enough; the next process to lock that GPU kills the group, then uses the GPU."""
     holder = subprocess.Popen(
         [sys.executable, "-c", CRASHING_HOLDER, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -150,26 +153,36 @@ def test_a_dead_workers_live_server_keeps_its_gpu_busy(tmp_path, caplog):
     gpu, pgid = int(gpu), int(pgid)
     lease = GpuLease(tmp_path)
     try:
+        assert held_by_live_holder([tmp_path], pgid)  # its worker is alive: nobody may kill it
+        assert lease.free(range(2)) == (1 - gpu,)
         os.kill(holder.pid, signal.SIGKILL)  # the worker crashes: its flock goes, its server stays
         holder.wait(timeout=10)
         assert f"pgid={pgid}" in (tmp_path / f"gpu-{gpu}.lock").read_text()
+        assert group_alive(pgid) and not held_by_live_holder([tmp_path], pgid)
         with caplog.at_level("WARNING", logger="tuner.workers.gpu_lease"):
-            assert lease.free(range(2)) == (1 - gpu,)
-            assert lease.acquire(2, range(2), timeout=0) is None
-        assert any(str(pgid) in r.getMessage() and "still alive" in r.getMessage() for r in caplog.records)
-        assert f"pgid={pgid}" in lease.holders(range(2))[gpu]
-        other = lease.acquire(1, range(2), timeout=0)
-        assert other is not None and other.gpus == (1 - gpu,)
-        other.close()
+            group = lease.acquire(2, range(2), timeout=10)
+        assert group is not None and group.gpus == (0, 1)
+        assert not group_alive(pgid), "the orphan server was left running"
+        assert any(str(pgid) in r.getMessage() and "killing" in r.getMessage() for r in caplog.records)
+        assert "pgid=" not in (tmp_path / f"gpu-{gpu}.lock").read_text()
+        group.close()
     finally:
-        os.killpg(pgid, signal.SIGKILL)  # what the job's next runner does when it recovers the job
-    deadline = time.monotonic() + 10
-    while lease.free(range(2)) != (0, 1):
-        assert time.monotonic() < deadline, "the GPU stayed busy after its server's group was killed"
-        time.sleep(0.05)
-    group = lease.acquire(2, range(2), timeout=0)
-    assert group is not None and "pgid=" not in (tmp_path / f"gpu-{gpu}.lock").read_text()
-    group.close()
+        if group_alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def test_a_reused_pid_is_not_taken_for_the_recorded_group(tmp_path):
+    """A lease file naming a pgid whose leader started at another time: a new process took the pid."""
+    bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        (tmp_path / "gpu-0.lock").write_text(f"pid=1 gpu=0\npgid={bystander.pid} start=1\n")
+        group = GpuLease(tmp_path).acquire(1, range(1), timeout=0)
+        assert group is not None, "a reused pid kept the GPU busy"
+        group.close()
+        assert group_alive(bystander.pid), "an unrelated process was killed"
+    finally:
+        bystander.kill()
+        bystander.wait()
 
 
 def test_a_clean_release_forgets_the_recorded_group(tmp_path):

@@ -24,6 +24,7 @@ from tuner.domain import (
     TrialStatus,
 )
 from tuner.workers.options import RunnerOptions
+from tuner.workers.process_group import group_members, kill_process_group, start_gated
 from tuner.workers.vllm_runner import VllmRunner
 from tuner.workers.vllm_server import (
     ServerExited,
@@ -31,8 +32,6 @@ from tuner.workers.vllm_server import (
     VllmServer,
     build_serve_argv,
     free_port,
-    group_members,
-    kill_process_group,
 )
 
 PY = sys.executable
@@ -268,3 +267,28 @@ def test_a_failing_pgid_callback_stops_the_process(tmp_path: Path) -> None:
     assert result.failure is not None and result.failure.cls is FailureClass.INFRA
     assert "database is down" in result.failure.reason
     assert_group_gone(seen[0])
+
+
+def test_a_gated_process_runs_nothing_until_its_group_is_recorded(tmp_path: Path) -> None:
+    """start_gated: the command runs only after on_started returned; if it raises, the command never runs."""
+    marker = tmp_path / "ran"
+    seen: list[tuple[int, bool]] = []
+
+    def record(pgid: int) -> None:
+        time.sleep(0.3)  # time enough for an ungated command to have written its marker
+        seen.append((pgid, marker.exists()))
+
+    proc = start_gated(["touch", str(marker)], on_started=record)
+    assert proc.wait(timeout=10) == 0 and marker.exists()
+    assert seen == [(proc.pid, False)]
+
+    def refuse(pgid: int) -> None:
+        raise RuntimeError("the store is away")
+
+    other = tmp_path / "never"
+    with pytest.raises(RuntimeError):
+        start_gated(["touch", str(other)], on_started=refuse)
+    time.sleep(0.2)
+    assert not other.exists()
+    with pytest.raises(FileNotFoundError):
+        start_gated(["no-such-program-here"], on_started=record)

@@ -7,9 +7,13 @@ file anew. The holder writes its pid and a label into the file for people readin
 
 The lock alone is not enough: a vLLM server runs in its own session and outlives a worker that crashed, so
 the GPUs are still in use after the flock went away. The holder therefore also writes the server's process
-group id into the file (``LeasedGroup.record_pgid``) and a GPU whose file names a live process group is busy
-even when its flock is free, until that group is gone (the job's next runner kills it when it recovers the
-job). A clean release empties the file.
+group id (and its leader's start time, so a reused pid is never taken for it) into the file
+(``LeasedGroup.record_pgid``) before the server runs anything (``process_group.start_gated``). A file whose
+flock is free but which names a live group was left by a holder that died: the next process to lock it kills
+that group first (it is on this host, and nobody else knows of it when the worker died before the store
+did). A flock still held means its holder is alive (``held_by_live_holder``): a runner fenced off its job
+still holds the lease and stops its own server, so a recovering runner must not kill it. A clean release
+empties the file.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tuner.workers.process_group import group_alive, kill_process_group, leader_start_time
+
 _POLL_S = 0.05
-_PGID_LINE = re.compile(r"^pgid=(\d+)$", re.MULTILINE)
+_PGID_LINE = re.compile(r"^pgid=(\d+)(?: start=(\d+))?$", re.MULTILINE)
+_REAP_GRACE_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +52,8 @@ class LeasedGroup:
     def record_pgid(self, pgid: int) -> None:
         """Note a process group (a server the trial started) in every lease file of the group, so that if
         this process dies while the group lives on, the GPUs stay busy for everyone else."""
-        line = f"pgid={int(pgid)}\n".encode()
+        start = leader_start_time(pgid)
+        line = (f"pgid={int(pgid)}" + (f" start={start}" if start is not None else "") + "\n").encode()
         with self._lock:
             for fd in self._fds.values():
                 os.pwrite(fd, line, os.fstat(fd).st_size)
@@ -82,8 +90,6 @@ class GpuLease:
     def __init__(self, lease_dir: str | os.PathLike[str]):
         self.lease_dir = Path(lease_dir)
         self.lease_dir.mkdir(parents=True, exist_ok=True)
-        self._warned: set[tuple[int, int]] = set()
-        self._warned_lock = threading.Lock()
 
     def _path(self, gpu: int) -> Path:
         return self.lease_dir / f"gpu-{int(gpu)}.lock"
@@ -99,24 +105,20 @@ class GpuLease:
         except BaseException:
             os.close(fd)
             raise
-        if orphan is not None:  # the holder died, the server it started did not: still busy
-            _release(fd)
-            self._warn_orphan(gpu, orphan)
-            return None
+        if orphan is not None:  # the holder died, the server it started did not: ours to kill, under the flock
+            log.warning(
+                "GPU %s: its lease file %s names process group %s, still alive, but its holder is gone (a worker "
+                "died and left its server running): killing the group",
+                gpu,
+                self._path(gpu),
+                orphan,
+            )
+            if not kill_process_group(orphan, grace_s=_REAP_GRACE_S):
+                _release(fd)
+                log.error("GPU %s: process group %s survived SIGKILL; the GPU stays busy", gpu, orphan)
+                return None
+            os.ftruncate(fd, 0)
         return fd
-
-    def _warn_orphan(self, gpu: int, pgid: int) -> None:
-        with self._warned_lock:
-            if (gpu, pgid) in self._warned:
-                return
-            self._warned.add((gpu, pgid))
-        log.warning(
-            "GPU %s is free in the lease but its file %s names process group %s, still alive (a worker died "
-            "and left its server running): treating the GPU as busy until that group is gone",
-            gpu,
-            self._path(gpu),
-            pgid,
-        )
 
     def try_acquire(self, n: int, among: Sequence[int], label: str = "") -> LeasedGroup | None:
         """One attempt: a group of ``n`` free GPUs (aligned blocks preferred), or None.
@@ -203,16 +205,42 @@ def _choose(n: int, free: list[int]) -> tuple[int, ...]:
     return tuple(free[:n])
 
 
-def _live_pgid(fd: int) -> int | None:
-    """The first process group named in a lease file that still has a live member, if any."""
-    from tuner.workers.vllm_server import group_alive
-
+def _recorded(fd: int) -> list[tuple[int, int | None]]:
     text = os.pread(fd, 4096, 0).decode(errors="replace")
-    for match in _PGID_LINE.finditer(text):
-        pgid = int(match.group(1))
-        if group_alive(pgid):
+    return [(int(m.group(1)), int(m.group(2)) if m.group(2) else None) for m in _PGID_LINE.finditer(text)]
+
+
+def _live_pgid(fd: int) -> int | None:
+    """The first process group named in a lease file that is still the one recorded and alive, if any."""
+    for pgid, start in _recorded(fd):
+        leader = leader_start_time(pgid)
+        # A live leader started at another time is a reused pid, not our server (a missing leader with live
+        # members is ours: nobody else can have that pgid while its members live).
+        if group_alive(pgid) and (start is None or leader is None or leader == start):
             return pgid
     return None
+
+
+def held_by_live_holder(lease_dirs: Sequence[str | os.PathLike[str]], pgid: int) -> bool:
+    """Whether a lease file naming ``pgid`` is locked right now, i.e. the process that started the group is
+    alive and still holds its GPUs (a runner cut off from the database, say). Probed like ``free``."""
+    for directory in lease_dirs:
+        for path in sorted(Path(directory).glob("*.lock")):
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                if not any(p == pgid for p, _ in _recorded(fd)):
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return True
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+    return False
 
 
 def _release(fd: int) -> None:

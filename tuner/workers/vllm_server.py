@@ -7,7 +7,6 @@ group that can be signalled as a whole, by us or by whoever recovers a dead runn
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -18,6 +17,7 @@ from types import TracebackType
 import httpx
 
 from tuner.domain import ModelRef, ServingConfig, SpecConfig, serve_argv
+from tuner.workers.process_group import kill_process_group, start_gated
 
 
 def build_serve_argv(
@@ -55,59 +55,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) pids in process group ``pgid``, read from /proc."""
-    members: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # The command name may contain spaces and parentheses: fields start after the last ')'.
-        rest = stat[stat.rfind(")") + 2 :].split()
-        if rest[0] != "Z" and int(rest[2]) == pgid:
-            members.append(int(entry))
-    return members
-
-
-def group_alive(pgid: int) -> bool:
-    """True while process group ``pgid`` has a live (non-zombie) member; zombies hold no GPU."""
-    if pgid <= 1:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return bool(group_members(pgid))
-
-
-def kill_process_group(pgid: int, grace_s: float = 20.0, poll_s: float = 0.1) -> bool:
-    """SIGTERM the group, SIGKILL it after ``grace_s``; True once no live member remains.
-
-    Safe to call for a group that is already gone. Meant also for recovering the processes of a runner
-    that died, from the pgid stored with its trial.
-    """
-    if pgid <= 1:
-        raise ValueError(f"refusing to signal process group {pgid}")
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        if not group_members(pgid):
-            return True
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return True
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if not group_members(pgid):
-                return True
-            time.sleep(poll_s)
-    return not group_members(pgid)
 
 
 class ServerExited(RuntimeError):
@@ -166,25 +113,30 @@ class VllmServer:
 
     def __enter__(self) -> VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+
+        def started(pgid: int) -> None:
+            self.pgid = pgid
+            if self._on_started is not None:
+                self._on_started(pgid)
+
         with open(self.log_path, "ab") as log:
             try:
-                self._proc = subprocess.Popen(
+                # Gated: the server runs only once its pgid is recorded (the lease, the store), so a runner
+                # killed in between leaves nothing running that nobody knows about.
+                self._proc = start_gated(
                     self.argv,
+                    on_started=started,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=self._env,
                     cwd=self._cwd,
-                    start_new_session=True,
                 )
             except OSError as e:
+                self.pgid = None
                 raise ServerLaunchError(f"cannot start {self.argv[0]}: {e}") from e
-        self.pgid = self._proc.pid  # a new session's leader is its own group leader
-        if self._on_started is not None:
-            try:
-                self._on_started(self.pgid)
-            except Exception as e:  # e.g. the pgid could not be stored: do not leave an orphan running
-                self.stop()
+            except Exception as e:  # e.g. the pgid could not be stored: the server never ran
+                self.pgid = None
                 raise ServerLaunchError(f"process-start callback failed: {e!r}") from e
         return self
 

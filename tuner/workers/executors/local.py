@@ -27,7 +27,7 @@ from tuner.workers.executors._base import (
 )
 from tuner.workers.gpu_lease import GpuLease, LeasedGroup
 from tuner.workers.hardware import GpuInfo, canonical_family, detect_gpus, hardware_matches
-from tuner.workers.vllm_server import kill_process_group
+from tuner.workers.process_group import kill_process_group
 
 KILL_GRACE_S = 10.0  # SIGTERM-to-SIGKILL grace when an executor cleans up a trial's processes
 

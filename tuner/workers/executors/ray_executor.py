@@ -67,7 +67,7 @@ from tuner.workers.executors.ray_cluster import (
 )
 from tuner.workers.executors.recipe import EvaluatorRecipe, build_evaluator
 from tuner.workers.hardware import canonical_family, hardware_matches, ray_accelerator_types
-from tuner.workers.vllm_server import kill_process_group
+from tuner.workers.process_group import kill_process_group
 
 KILL_GRACE_S = 10.0  # SIGTERM-to-SIGKILL grace when an executor cleans up a trial's processes
 

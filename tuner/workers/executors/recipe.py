@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.domain import Engine, Evaluator, TrialContext, TrialResult, TrialSpec
+from tuner.workers.process_group import kill_process_group, start_gated
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,10 @@ class PacedEvaluator:
     def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult:
         proc = None
         if self.placeholder_process:
-            proc = subprocess.Popen(["sleep", str(int(self.seconds) + 600)], start_new_session=True)
-            if ctx is not None:
-                ctx.on_process_started(proc.pid)
+            proc = start_gated(
+                ["sleep", str(int(self.seconds) + 600)],
+                on_started=ctx.on_process_started if ctx is not None else (lambda pgid: None),
+            )
         try:
             deadline = time.monotonic() + self.seconds
             while time.monotonic() < deadline:
@@ -95,7 +96,5 @@ class PacedEvaluator:
             return self.inner(spec, ctx)
         finally:
             if proc is not None:
-                from tuner.workers.vllm_server import kill_process_group
-
                 kill_process_group(proc.pid, grace_s=2.0)
                 proc.wait()

@@ -180,6 +180,6 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, poll: f
 
 def group_gone(pgid: int) -> bool:
     """True when process group ``pgid`` has no live member."""
-    from tuner.workers.vllm_server import group_members
+    from tuner.workers.process_group import group_members
 
     return not group_members(pgid)
