@@ -7,7 +7,7 @@ dead runner left (their ids are stored with each trial), marks those trials fail
 (``tuning.finish_trial`` ignores a second result, ``Planner.tell`` is idempotent).
 
 The database may go away for a while (a restart, a failover): every write is a transaction retried through
-transient errors (``tuner.store.retry``) and written so that a repeat is a no-op. Every write also checks the
+transient errors (``tuner.transient``) and written so that a repeat is a no-op. Every write also checks the
 claim's epoch (``tuning.fence``): a runner cut off long enough for another to take its job over learns so at
 its next write, stops its trials and writes nothing more. The new owner kills what the old one left only
 when the GPU lease says its holder is dead (``orphans.held_by_live_runner``): a fenced runner that is still
@@ -48,9 +48,9 @@ from tuner.domain import (
     to_jsonable,
 )
 from tuner.errors import TunerError
-from tuner.store.db import transaction
+from tuner.store.db import in_transaction, transaction
 from tuner.store.models import JobRow
-from tuner.store.retry import DEFAULT_RETRY_S, in_transaction, is_transient
+from tuner.transient import DEFAULT_RETRY_S, is_transient
 from tuner.tuning import Claim, LostClaim
 
 log = logging.getLogger("tuner.runner")

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuner.errors import TunerError, Unauthorized
-from tuner.store.retry import is_transient
+from tuner.transient import is_transient
 
 log = logging.getLogger("tuner.api")
 PROBLEM = "application/problem+json"

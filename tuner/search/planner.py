@@ -71,6 +71,7 @@ from tuner.search._outcome import build_outcome
 from tuner.search._predict import Candidate
 from tuner.search._space import SearchSpace
 from tuner.search.objective import constraints, log_value, weights_for
+from tuner.search.storage import RetryingRDBStorage
 
 TPE_ATTEMPTS = 3
 # Fresh-server re-measurements of the baseline, the winner and the schedule (issue 4: at least 3).
@@ -141,7 +142,12 @@ class OptunaPlanner:
                 n_startup_trials=n_startup_trials,
             )
         self.study = optuna.create_study(
-            storage=storage, study_name=study_name, direction="maximize", sampler=sampler, load_if_exists=True
+            # a database URL: retried through restarts, with writes safe to repeat (tuner.search.storage)
+            storage=RetryingRDBStorage(storage) if isinstance(storage, str) else storage,
+            study_name=study_name,
+            direction="maximize",
+            sampler=sampler,
+            load_if_exists=True,
         )
         self._fingerprint = fingerprint(
             {"grid": [s.to_vllm() for s in space.grid()], "levels": self.levels, "objective": self.objective}

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+
+from tuner.transient import DEFAULT_RETRY_S, retrying
+
+T = TypeVar("T")
 
 
 def make_engine(url: str) -> Engine:
@@ -42,3 +48,20 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
         except BaseException:
             session.rollback()
             raise
+
+
+def in_transaction(
+    factory: sessionmaker[Session],
+    work: Callable[[Session], T],
+    *,
+    what: str,
+    retry_s: float = DEFAULT_RETRY_S,
+    stop: threading.Event | None = None,
+) -> T:
+    """Run ``work(session)`` in its own transaction, retried as a whole (a fresh session each attempt)."""
+
+    def once() -> T:
+        with transaction(factory) as session:
+            return work(session)
+
+    return retrying(once, what=what, retry_s=retry_s, stop=stop)

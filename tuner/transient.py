@@ -1,4 +1,4 @@
-"""Transient database errors, told apart from real ones, and a transaction retried through them.
+"""Transient database errors, told apart from real ones, and calls retried through them.
 
 A PostgreSQL restart, a dropped connection, a serialization failure or SQLite's "database is locked" go away
 on their own; a job must not fail for them. Everything else (a constraint, a bug) is raised at once.
@@ -19,11 +19,8 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.orm import Session, sessionmaker
 
-from tuner.store.db import transaction
-
-log = logging.getLogger("tuner.store")
+log = logging.getLogger("tuner.db")
 T = TypeVar("T")
 
 # SQLSTATEs that a retry can outlive: connection exceptions (class 08), the server shutting down or starting
@@ -99,23 +96,6 @@ def retrying(
             elif stop.wait(delay):
                 raise
     raise AssertionError("unreachable")
-
-
-def in_transaction(
-    factory: sessionmaker[Session],
-    work: Callable[[Session], T],
-    *,
-    what: str,
-    retry_s: float = DEFAULT_RETRY_S,
-    stop: threading.Event | None = None,
-) -> T:
-    """Run ``work(session)`` in its own transaction, retried as a whole (a fresh session each attempt)."""
-
-    def once() -> T:
-        with transaction(factory) as session:
-            return work(session)
-
-    return retrying(once, what=what, retry_s=retry_s, stop=stop)
 
 
 def _brief(exc: BaseException) -> str:
