@@ -99,5 +99,7 @@ def retrying(
 
 
 def _brief(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
+    """The root cause's first line (Optuna wraps a lost connection in a message about invalid data)."""
+    root = list(_chain(exc))[-1]
+    text = str(root).strip().splitlines()
+    return text[0][:200] if text else type(root).__name__

@@ -23,6 +23,7 @@ from optuna.storages import RDBStorage
 from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import IntegrityError
 
 from tuner.transient import DEFAULT_RETRY_S, retrying
 
@@ -64,7 +65,15 @@ class RetryingRDBStorage(RDBStorage):
         self._retry_s = retry_s
         # pool_pre_ping: a connection the restart closed is replaced at checkout instead of failing a call
         kwargs: dict[str, Any] = {"pool_pre_ping": True, "hide_parameters": True}
-        retrying(lambda: RDBStorage.__init__(self, url, engine_kwargs=kwargs), what="open the Optuna storage")
+        for attempt in range(3):
+            try:
+                retrying(lambda: RDBStorage.__init__(self, url, engine_kwargs=kwargs), what="open the Optuna storage")
+                return
+            except Exception as e:
+                # Two processes creating Optuna's tables in a fresh database at once: one wins, the other hits
+                # a unique violation; its next attempt finds the tables made.
+                if attempt == 2 or not _lost_creation_race(e):
+                    raise
 
     def _retried(self, what: str, call: Callable[[], T], done: Callable[[], T | None] | None = None) -> T:
         attempts = 0
@@ -114,6 +123,15 @@ class RetryingRDBStorage(RDBStorage):
             lambda: RDBStorage.set_trial_state_values(self, trial_id, state, values),
             stored,
         )
+
+
+def _lost_creation_race(exc: BaseException) -> bool:
+    cur: BaseException | None = exc
+    while cur is not None:
+        if isinstance(cur, IntegrityError):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 def _running_template() -> FrozenTrial:
