@@ -27,7 +27,7 @@ import httpx
 from tuner.domain import SLO, LoadKind, LoadLevel, ModelRef, ServingConfig, SpecConfig, TrafficFormat, TrafficRequest
 from tuner.workers import vllm_metrics
 from tuner.workers.options import CPU_SERVER_ENV, RunnerOptions
-from tuner.workers.replay import ReplaySettings, make_client, run_level
+from tuner.workers.replay import ReplaySettings, make_client, run_level, stream_client
 from tuner.workers.timing import summarize
 from tuner.workers.vllm_server import VllmServer, build_serve_argv, free_port
 
@@ -60,9 +60,9 @@ async def our_replay(base: str, model: str, items: list[dict], concurrency: int,
     ]
     level = LoadLevel(LoadKind.CONCURRENCY, concurrency, num_requests=len(reqs), warmup_requests=0)
     settings = ReplaySettings(model=model, return_token_ids=token_ids)
-    async with make_client() as client:
+    async with make_client() as client, stream_client() as streams:
         before = await vllm_metrics.scrape(client, base)
-        window = await run_level(client, base, reqs, level, settings)
+        window = await run_level(streams, base, reqs, level, settings)
         after = await vllm_metrics.scrape(client, base)
     figures = summarize(level, window.records, window.duration_s, slo=SLO())
     sd = vllm_metrics.spec_decode_delta(before, after, 3)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tuner.domain import TrafficFormat, TrafficRequest
 from tuner.workers.options import CPU_SERVER_ENV, default_vllm_python
-from tuner.workers.replay import ReplaySettings, make_client, send_one
+from tuner.workers.replay import ReplaySettings, send_one, stream_client
 from tuner.workers.vllm_server import VllmServer, free_port
 
 PROMPT = "def fibonacci(n):\n    a, b = 0, 1\n" * 3
@@ -51,7 +51,7 @@ def raw_request(port: int, model: str) -> tuple[float, float]:
 async def ours(base: str, model: str, concurrency: int) -> list[tuple[float, float]]:
     req = TrafficRequest(TrafficFormat.COMPLETIONS, prompt=PROMPT, output_tokens=64)
     settings = ReplaySettings(model=model)
-    async with make_client() as client:
+    async with stream_client() as client:
         recs = await asyncio.gather(*(send_one(client, base, i, req, settings) for i in range(concurrency)))
     return [((r.chunks[0].t - r.start) * 1000, (r.end - r.start) * 1000) for r in recs if r.chunks]
 

@@ -524,6 +524,13 @@ class LevelResult:
     preemptions: int = 0
     generation_tokens: int | None = None  # vllm:generation_tokens over the window
     spec_decode: SpecDecodeStats | None = None
+    # Steady state (closed loop): from the moment all `concurrency` slots were first filled to the last
+    # request's send; ramp-up and drain lie outside it. Its share of the window and its own throughput.
+    steady_share: float | None = None
+    steady_output_throughput: float | None = None
+    # The client could not keep up (its own health during the window): such a level decides nothing.
+    client_bound: bool = False
+    client_bound_reason: str | None = None
 
 
 @dataclass(frozen=True)

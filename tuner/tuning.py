@@ -18,8 +18,6 @@ from tuner.domain import (
     Engine,
     JobSpec,
     JobStatus,
-    LoadKind,
-    LoadLevel,
     Proposal,
     TrafficRequest,
     TrialResult,
@@ -456,15 +454,3 @@ def hardware_seen(session: Session, hardware: str) -> bool:
 
 def engine_label(engine: str) -> str:
     return "SIMULATED (not a measurement)" if engine == Engine.SIMULATED.value else engine
-
-
-DEFAULT_CONCURRENCIES = (1, 8, 32, 128)
-
-
-def default_levels(request_count: int, num_requests: int = 32, warmup_requests: int = 2) -> tuple[LoadLevel, ...]:
-    """Concurrency levels when the job names none: 1, 8, 32, 128, kept to what the sample can keep busy."""
-    usable = [c for c in DEFAULT_CONCURRENCIES if c <= max(1, request_count)] or [1]
-    return tuple(
-        LoadLevel(LoadKind.CONCURRENCY, c, num_requests=max(num_requests, 2 * c), warmup_requests=warmup_requests)
-        for c in usable
-    )

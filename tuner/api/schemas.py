@@ -19,6 +19,7 @@ from tuner.domain import (
     ServingConfig,
     env_name_allowed,
 )
+from tuner.load_levels import REQUESTS_PER_SLOT
 
 PositiveMs = Annotated[float, Field(gt=0, le=3_600_000)]
 
@@ -198,7 +199,17 @@ class TuneIn(Strict):
         if self.timed_replay:
             return (LoadLevel(LoadKind.TIMESTAMPS, 0, **common),)
         if self.concurrency:
-            return tuple(LoadLevel(LoadKind.CONCURRENCY, c, **common) for c in sorted(set(self.concurrency)))
+            if "num_requests" in self.model_fields_set:  # the client's count, as given
+                return tuple(LoadLevel(LoadKind.CONCURRENCY, c, **common) for c in sorted(set(self.concurrency)))
+            # by default a window is several times its concurrency, so most of it is steady state
+            return tuple(
+                LoadLevel(
+                    LoadKind.CONCURRENCY,
+                    c,
+                    **(common | {"num_requests": max(self.num_requests, REQUESTS_PER_SLOT * c)}),
+                )
+                for c in sorted(set(self.concurrency))
+            )
         return ()
 
 

@@ -4,21 +4,28 @@ Requests stream in the sample's own format (``/v1/completions`` or ``/v1/chat/co
 ``stream_options.include_usage`` and ``return_token_ids``, so each chunk says exactly how many tokens it
 carried (several under speculative decoding). The recorded output length is enforced with ``ignore_eos``
 (``max_tokens`` alone would only cap it); a request with only ``max_tokens`` keeps it as a cap.
+
+The client must out-run the server at the concurrency where decisions are made, so the stream path is lean:
+aiohttp (what ``vllm bench serve`` uses; its HTTP parser is C), bodies written by orjson, the SSE stream cut
+into events on the raw bytes and each event parsed once by orjson; one clock read per network read, so the
+events of one read share a timestamp, as in ``vllm bench serve`` (see ``tuner.workers.timing`` on ITL).
+httpx stays for the control paths (metrics, version, correctness).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
+import orjson
 
 from tuner.domain import LoadKind, LoadLevel, TrafficFormat, TrafficRequest
 from tuner.workers.timing import Chunk, RequestRecord
@@ -48,6 +55,21 @@ def make_client(timeout_s: float = 600.0) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, timeout=timeout_s)
 
 
+@contextlib.asynccontextmanager
+async def stream_client(timeout_s: float = 600.0) -> AsyncIterator[aiohttp.ClientSession]:
+    """The session every replay window streams through: no connection cap, keep-alive, TCP_NODELAY
+    (aiohttp sets it), no cookie jar or auto-decompression work per response."""
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=True)
+    async with aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+        json_serialize=lambda o: orjson.dumps(o).decode(),
+    ) as session:
+        yield session
+
+
 def build_request(req: TrafficRequest, settings: ReplaySettings, *, stream: bool = True) -> tuple[str, dict]:
     """The endpoint path and JSON body of one request."""
     body: dict[str, Any] = {
@@ -72,47 +94,60 @@ def build_request(req: TrafficRequest, settings: ReplaySettings, *, stream: bool
 def _chunk_tokens(choice: dict[str, Any]) -> tuple[list[int] | None, int]:
     ids = choice.get("token_ids")
     if ids is not None:
-        return list(ids), len(ids)
+        return ids, len(ids)
     # A server without return_token_ids: count a chunk with text as one token.
     delta = choice.get("delta") or {}
     text = choice.get("text") or delta.get("content") or delta.get("reasoning_content") or ""
     return None, 1 if text else 0
 
 
+_HEADERS = {"Content-Type": "application/json"}
+
+
 async def send_one(
-    client: httpx.AsyncClient, base_url: str, index: int, req: TrafficRequest, settings: ReplaySettings
+    client: aiohttp.ClientSession, base_url: str, index: int, req: TrafficRequest, settings: ReplaySettings
 ) -> RequestRecord:
     """Send one streaming request; errors are recorded, never raised."""
     path, body = build_request(req, settings)
+    payload = orjson.dumps(body)
     start = time.perf_counter()
     chunks: list[Chunk] = []
     ids: list[int] = []
     usage_tokens: int | None = None
     end: float | None = None  # the last data event, the usage chunk included (as vllm bench's latency)
     try:
-        async with client.stream("POST", base_url + path, json=body, timeout=settings.request_timeout_s) as r:
-            if r.status_code != 200:
-                text = (await r.aread()).decode("utf-8", "replace")
-                return RequestRecord(index, start, time.perf_counter(), error=f"HTTP {r.status_code}: {text[:300]}")
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
+        async with client.post(base_url + path, data=payload, headers=_HEADERS) as r:
+            if r.status != 200:
+                text = (await r.read()).decode("utf-8", "replace")
+                return RequestRecord(index, start, time.perf_counter(), error=f"HTTP {r.status}: {text[:300]}")
+            buffer = b""
+            async for data in r.content.iter_any():
+                now = time.perf_counter()
+                buffer += data
+                if b"\n\n" not in buffer:
                     continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    continue  # read on to the end of the body so the connection goes back to the pool
-                now = end = time.perf_counter()
-                event = json.loads(data)
-                if "error" in event:
-                    return RequestRecord(index, start, now, tuple(chunks), error=str(event["error"])[:300])
-                if event.get("usage"):
-                    usage_tokens = event["usage"].get("completion_tokens")
-                for choice in event.get("choices") or ():
-                    chunk_ids, n = _chunk_tokens(choice)
-                    if chunk_ids:
-                        ids.extend(chunk_ids)
-                    if n:
-                        chunks.append(Chunk(now, n))
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
+                *events, buffer = buffer.split(b"\n\n")
+                for raw in events:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload_bytes = line[5:].strip()
+                    if payload_bytes == b"[DONE]":
+                        continue  # read on to the end of the body so the connection goes back to the pool
+                    end = now
+                    event = orjson.loads(payload_bytes)
+                    if "error" in event:
+                        return RequestRecord(index, start, now, tuple(chunks), error=str(event["error"])[:300])
+                    usage = event.get("usage")
+                    if usage:
+                        usage_tokens = usage.get("completion_tokens")
+                    for choice in event.get("choices") or ():
+                        chunk_ids, n = _chunk_tokens(choice)
+                        if chunk_ids:
+                            ids.extend(chunk_ids)
+                        if n:
+                            chunks.append(Chunk(now, n))
+    except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError, UnicodeDecodeError) as e:
         return RequestRecord(index, start, time.perf_counter(), tuple(chunks), error=f"{type(e).__name__}: {e}")
     if not chunks or end is None:
         return RequestRecord(index, start, time.perf_counter(), error="stream carried no tokens")
@@ -139,10 +174,56 @@ class Window:
     records: tuple[RequestRecord, ...]
     duration_s: float
     stopped: bool  # should_stop ended the window early
+    health: ClientHealth | None = None
+
+
+# The client cannot keep up when its event loop runs this late (p90), or its thread is this busy: the
+# server's figures would then be the client's ceiling.
+MAX_LOOP_LAG_MS = 25.0
+MAX_CLIENT_CPU_SHARE = 0.90
+_PROBE_S = 0.02
+
+
+@dataclass(frozen=True)
+class ClientHealth:
+    """How the replay's own process fared during a window: event-loop lag (how late a 20 ms timer fired)
+    and the share of wall time the loop's thread spent on CPU."""
+
+    loop_lag_p90_ms: float
+    loop_lag_max_ms: float
+    cpu_share: float
+
+    @property
+    def bound_reason(self) -> str | None:
+        if self.loop_lag_p90_ms > MAX_LOOP_LAG_MS:
+            return f"client event loop lagged {self.loop_lag_p90_ms:.0f} ms (p90) behind its timers"
+        if self.cpu_share > MAX_CLIENT_CPU_SHARE:
+            return f"client thread used {self.cpu_share:.0%} of a core"
+        return None
+
+
+class _HealthProbe:
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._cpu0 = time.thread_time()  # the loop's thread only: other trials' clients are not ours
+        self._t0 = time.perf_counter()
+
+    async def run(self) -> None:
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(_PROBE_S)
+            self.lags.append(max(0.0, time.perf_counter() - before - _PROBE_S))
+
+    def result(self) -> ClientHealth:
+        wall = time.perf_counter() - self._t0
+        lags = sorted(self.lags) or [0.0]
+        p90 = lags[min(len(lags) - 1, int(0.9 * len(lags)))]
+        cpu = (time.thread_time() - self._cpu0) / wall if wall > 0 else 0.0
+        return ClientHealth(p90 * 1000.0, lags[-1] * 1000.0, cpu)
 
 
 async def run_level(
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     base_url: str,
     requests: Sequence[TrafficRequest],
     level: LoadLevel,
@@ -194,6 +275,8 @@ async def run_level(
     else:
         main = asyncio.ensure_future(open_loop())
 
+    probe = _HealthProbe()
+    probe_task = asyncio.ensure_future(probe.run())
     stopped = False
     while True:
         done, _ = await asyncio.wait({main}, timeout=poll_s)
@@ -206,4 +289,7 @@ async def run_level(
             with contextlib.suppress(asyncio.CancelledError):
                 await main
             break
-    return Window(tuple(sorted(records, key=lambda r: r.start)), time.perf_counter() - t0, stopped)
+    probe_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await probe_task
+    return Window(tuple(sorted(records, key=lambda r: r.start)), time.perf_counter() - t0, stopped, probe.result())

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tuner.domain import SLO, LatencyStats, LevelResult, LoadLevel, percentile
+from tuner.domain import SLO, LatencyStats, LevelResult, LoadKind, LoadLevel, percentile
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,29 @@ def _ms(values: Sequence[float]) -> LatencyStats:
     return LatencyStats.of([v * 1000.0 for v in values])
 
 
+def steady_window(level: LoadLevel, records: Sequence[RequestRecord]) -> tuple[float, float] | None:
+    """Closed loop: (when the ``concurrency``-th request was sent, when the last one was sent). In between,
+    every finished request is replaced at once, so the target concurrency is in flight; before it is ramp-up,
+    after it drain. None for open-loop levels, or when fewer requests than the concurrency were sent."""
+    if level.kind is not LoadKind.CONCURRENCY:
+        return None
+    c = max(1, int(level.value))
+    starts = sorted(r.start for r in records)
+    if len(starts) <= c:
+        return None
+    begin, end = starts[c - 1], starts[-1]
+    return (begin, end) if end > begin else None
+
+
+def _steady(level: LoadLevel, records: Sequence[RequestRecord], duration_s: float) -> tuple[float | None, float | None]:
+    window = steady_window(level, records)
+    if window is None or duration_s <= 0:
+        return None, None
+    begin, end = window
+    tokens = sum(c.tokens for r in records if r.ok for c in r.chunks if begin <= c.t <= end)
+    return (end - begin) / duration_s, tokens / (end - begin)
+
+
 def summarize(level: LoadLevel, records: Sequence[RequestRecord], duration_s: float, slo: SLO) -> LevelResult:
     """Aggregate one measured window. Rates divide by ``duration_s``; failed requests count as errors only.
 
@@ -115,6 +138,7 @@ def summarize(level: LoadLevel, records: Sequence[RequestRecord], duration_s: fl
     ttfts = [v for v in map(ttft_s, ok) if v is not None]
     tpots = [v for v in map(tpot_s, ok) if v is not None]
     itls = [v for r in ok for v in itl_s(r)]
+    steady_share, steady_throughput = _steady(level, records, duration_s)
     return LevelResult(
         level=level,
         num_requests=len(ok),
@@ -129,4 +153,6 @@ def summarize(level: LoadLevel, records: Sequence[RequestRecord], duration_s: fl
         itl_ms=_ms(itls),
         e2e_ms=_ms([e2e_s(r) for r in ok]),
         client_concurrency=sum(e2e_s(r) for r in records) / duration_s if duration_s > 0 else None,
+        steady_share=steady_share,
+        steady_output_throughput=steady_throughput,
     )

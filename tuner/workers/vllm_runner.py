@@ -33,7 +33,7 @@ from tuner.workers.correctness import compare, greedy_outputs, not_gated, ungate
 from tuner.workers.devices import device_env
 from tuner.workers.failures import Observation, Phase, classify
 from tuner.workers.options import RunnerOptions
-from tuner.workers.replay import ReplaySettings, Window, make_client, run_level
+from tuner.workers.replay import ReplaySettings, Window, make_client, run_level, stream_client
 from tuner.workers.timing import summarize
 from tuner.workers.vllm_server import (
     ServerExited,
@@ -215,7 +215,7 @@ class VllmRunner:
                     )
                 )
 
-        async with make_client(opts.request_timeout_s) as client:
+        async with make_client(opts.request_timeout_s) as client, stream_client(opts.request_timeout_s) as streams:
             progress.version = await _version(client, base)
             requests = spec.requests
             for level in spec.levels:
@@ -223,7 +223,7 @@ class VllmRunner:
                     warm = _warmup_level(level)
                     check(
                         await run_level(
-                            client,
+                            streams,
                             base,
                             requests,
                             warm,
@@ -234,7 +234,7 @@ class VllmRunner:
                     )
                 before = await vllm_metrics.scrape(client, base)
                 async with vllm_metrics.GaugeSampler(client, base, opts.metrics_interval_s) as sampler:
-                    window = await run_level(client, base, requests, level, settings, should_stop=should_stop)
+                    window = await run_level(streams, base, requests, level, settings, should_stop=should_stop)
                 check(window)
                 after = await vllm_metrics.scrape(client, base)
                 result = _level_result(spec, level, window, before, after, sampler.summary())
@@ -311,6 +311,7 @@ def _level_result(
     gauges: vllm_metrics.GaugeSummary,
 ) -> LevelResult:
     figures = summarize(level, window.records, window.duration_s, spec.slo)
+    reason = window.health.bound_reason if window.health is not None else None
     return dataclasses.replace(
         figures,
         achieved_concurrency=gauges.mean_running,
@@ -321,6 +322,8 @@ def _level_result(
         preemptions=vllm_metrics.counter_delta(before, after, vllm_metrics.PREEMPTIONS) or 0,
         generation_tokens=vllm_metrics.counter_delta(before, after, vllm_metrics.GENERATION_TOKENS),
         spec_decode=vllm_metrics.spec_decode_delta(before, after, spec.spec.num_speculative_tokens),
+        client_bound=reason is not None,
+        client_bound_reason=reason,
     )
 
 

@@ -13,6 +13,7 @@ from tuner.api.deps import CanRead, CanTune, SessionDep, SettingsDep
 from tuner.api.schemas import JobOut, TrialOut, TuneIn
 from tuner.domain import Engine, JobSpec, JobStatus, ModelRef, SpecConfig, TrafficRequest, fingerprint, from_jsonable
 from tuner.errors import InvalidInput
+from tuner.load_levels import default_levels
 from tuner.settings import Settings
 from tuner.store.models import JobRow, TrialRow
 from tuner.traffic import TrafficError, parse_items
@@ -135,7 +136,13 @@ def _submit(
     else:
         traffic_id = body.traffic
         requests = tuning.traffic_requests(session, traffic_id)
-    levels = body.levels() or tuning.default_levels(len(requests), body.num_requests, body.warmup_requests)
+    max_num_seqs = body.serving.args.get("max_num_seqs")
+    levels = body.levels() or default_levels(
+        len(requests),
+        num_requests=body.num_requests,
+        warmup_requests=body.warmup_requests,
+        max_num_seqs=int(max_num_seqs) if isinstance(max_num_seqs, int) else None,
+    )
     try:
         weights = body.weights_for(levels)
     except ValueError as e:
