@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 import pytest
 
@@ -155,6 +157,26 @@ def test_off_when_nothing_beats_the_baseline():
     assert any(n.startswith("off") for n in out.notes)
     # whatever was confirmed (here a schedule predicted slightly above noise) was not recommended
     assert all(p.spec.is_off or p.spec.schedule is not None for p, _ in history if p.purpose == "confirm")
+
+
+def test_a_baseline_level_without_tpot_leaves_untried_configs_unpredicted_not_a_crash():
+    """A level whose streams each arrived in one client read has TPOT 0 (a loaded CPU server flushes a
+    whole short output at once): the planner must go on measuring, not fail the job on a missing step time."""
+    engine = FakeEngine()
+
+    def burst_at_c8(spec: TrialSpec, ctx=None):
+        r = engine(spec, ctx)
+        if not spec.spec.is_off:
+            return r
+        zero = dataclasses.replace(r.level("c8").tpot_ms, mean=0.0)
+        levels = tuple(dataclasses.replace(lr, tpot_ms=zero) if lr.level.label == "c8" else lr for lr in r.levels)
+        return dataclasses.replace(r, levels=levels)
+
+    planner = OptunaPlanner(space(), LEVELS, budget=Budget(max_trials=8))
+    history = run(planner, burst_at_c8)
+    assert len(history) >= 3 and planner.finished
+    assert {p.spec.method for p, _ in history} >= {Method.OFF, Method.EAGLE3, Method.NGRAM}
+    assert planner.outcome().best is not None
 
 
 def test_slo_violations_are_infeasible():

@@ -171,6 +171,13 @@ class Analysis(Predictions):
     def has_baseline(self) -> bool:
         return bool(self.baseline_metric) and len(self.baseline_metric) == len(self.labels)
 
+    @property
+    def can_predict(self) -> bool:
+        """The step-cost model needs the baseline's decode step at every level. A level whose streams the
+        client saw in one read each (TPOT 0: nothing between the first and the last token) has none; then
+        every untried config counts as unmeasured rather than predicted."""
+        return self.has_baseline and all(label in self.baseline_tpot for label in self.labels)
+
     def option_of(self, spec: SpecConfig) -> MethodOptions | None:
         return self.space.option_for(spec)
 

@@ -76,7 +76,7 @@ class Predictions:
             for n in st.numbers
         }
         results = [r.result for r in self.search_records if r.number in numbers and r.result is not None]
-        if not results or not self.baseline_tpot:
+        if not results or not self.can_predict:
             return None
         fixed = opt.fixed_length
         stats = [lr.spec_decode for res in results for lr in res.levels if lr.spec_decode is not None]
@@ -189,7 +189,7 @@ class Predictions:
             return dict.fromkeys(self.labels, 1.0), 1.0
         lookup = (spec.prompt_lookup_min, spec.prompt_lookup_max) if opt.lookups else None
         arm = self._arm_model(opt, lookup) or (self._arm_model(opt, None) if lookup is not None else None)
-        if arm is None or not self.has_baseline:
+        if arm is None or not self.can_predict:
             return None, math.inf
         k = spec.num_speculative_tokens
         n = self.noise
