@@ -128,20 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--budget", type=int, default=16)
     m.set_defaults(func=cmd_demo)
 
-    try:
-        from tuner.workers.trial_cli import register
+    from tuner.workers import bench_cli, trial_cli
 
-        trial = register(sub)
-        trial.set_defaults(func=lambda a, _s: _run_trial(a))
-    except ImportError:  # pragma: no cover - the runner is part of the package
-        pass
+    trial = trial_cli.register(sub)
+    trial.set_defaults(func=lambda a, _s: trial_cli.run(a))
+    bench = bench_cli.register(sub)
+    bench.set_defaults(func=lambda a, _s: bench_cli.run(a))
     return p
-
-
-def _run_trial(args: argparse.Namespace) -> int:
-    from tuner.workers.trial_cli import run
-
-    return run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

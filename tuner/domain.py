@@ -531,6 +531,7 @@ class LevelResult:
     # The client could not keep up (its own health during the window): such a level decides nothing.
     client_bound: bool = False
     client_bound_reason: str | None = None
+    client_processes: int = 1  # client processes that sent the window (more when one could not keep up)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,19 @@ class Settings(BaseSettings):
         description="Ask for token ids in measured windows (exact per-token ITL); off: chunks count as one token, "
         "as in vllm bench, and the API server does a little less work.",
     )
+    client_processes: int = Field(default=1, ge=1, le=64, description="Client processes per measured window.")
+    max_client_processes: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Most client processes a window the client could not keep up with is re-measured from; "
+        "default: one per core beyond two (at most 8), or 2 under Ray, which reserves a CPU for each.",
+    )
+    client_cpus: str | None = Field(
+        default=None,
+        description="Cores the client processes run on, e.g. '6,7' or '6-7'; the launched vLLM servers are then "
+        "kept off them. Default: no pinning.",
+    )
     trial_deadline_s: float | None = 3600.0
     confirm_runs: int = Field(default=3, ge=3, le=10, description="Fresh-server re-measurements before recommending.")
     gpus: str | None = Field(default=None, description="Comma-separated GPU indices to use; default: detect.")
@@ -83,6 +96,17 @@ class Settings(BaseSettings):
             raise ValueError("database_url must be a sqlite:// or postgresql+psycopg:// URL")
         return v
 
+    @field_validator("client_cpus")
+    @classmethod
+    def _cpu_list(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_cpu_list(v)
+        return v
+
+    @property
+    def client_cpu_list(self) -> tuple[int, ...] | None:
+        return parse_cpu_list(self.client_cpus) if self.client_cpus else None
+
     @property
     def db_url(self) -> str:
         if self.database_url:
@@ -92,3 +116,17 @@ class Settings(BaseSettings):
     @property
     def log_dir(self) -> Path:
         return self.data_dir / "trials"
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """A Linux CPU list (``taskset -c`` / cpuset syntax): ``0,2,4-7``."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"not a CPU list: {text!r} (e.g. '6,7' or '6-7')")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a or b > 4095:
+            raise ValueError(f"not a CPU list: {text!r}")
+        out.update(range(a, b + 1))
+    return tuple(sorted(out))

@@ -176,7 +176,13 @@ def runner_options(settings: Settings, log_dir: Path) -> dict[str, Any]:
         "startup_timeout_s": settings.startup_timeout_s,
         "extra_env": dict(settings.vllm_extra_env),
         "return_token_ids": settings.return_token_ids,
+        "client_processes": settings.client_processes,
+        "client_cpus": settings.client_cpu_list,
     }
+    if settings.executor == "ray":
+        options["max_client_processes"] = ray_client_processes(settings)
+    elif settings.max_client_processes is not None:
+        options["max_client_processes"] = settings.max_client_processes
     if settings.vllm_executable:
         options["vllm_command"] = (settings.vllm_executable, "serve")
     if settings.vllm_python:
@@ -185,6 +191,16 @@ def runner_options(settings: Settings, log_dir: Path) -> dict[str, Any]:
         options["extra_env"] = {**CPU_SERVER_ENV, **options["extra_env"]}
         options["extra_args"] = ("--enforce-eager",)
     return options
+
+
+def ray_client_processes(settings: Settings) -> int:
+    """Client processes a trial may use under Ray: each gets a CPU of the trial's reservation."""
+    return max(settings.client_processes, settings.max_client_processes or 2)
+
+
+def ray_trial_cpus(settings: Settings) -> float:
+    """The CPUs a Ray trial reserves: one for the runner and the server's API process, one per client."""
+    return 1.0 + ray_client_processes(settings)
 
 
 def make_executor(settings: Settings, spec: JobSpec) -> TrialExecutor:
@@ -225,7 +241,12 @@ def make_executor(settings: Settings, spec: JobSpec) -> TrialExecutor:
     if settings.executor == "ray":
         from tuner.workers.executors import RayExecutor
 
-        return RayExecutor(EvaluatorRecipe(Engine.VLLM, options), address=settings.ray_address, hardware=spec.hardware)
+        return RayExecutor(
+            EvaluatorRecipe(Engine.VLLM, options),
+            address=settings.ray_address,
+            hardware=spec.hardware,
+            num_cpus_per_trial=ray_trial_cpus(settings),
+        )
     evaluator = build_evaluator(EvaluatorRecipe(Engine.VLLM, options))
     gpus = [int(g) for g in settings.gpus.split(",")] if settings.gpus else ([] if settings.cpu_vllm else None)
     return LocalExecutor(

@@ -32,3 +32,28 @@ def test_token_ids_in_measured_windows_follow_the_settings(tmp_path) -> None:  #
             ReplaySettings(model="m", return_token_ids=options.return_token_ids),
         )
         assert body.get("return_token_ids", False) is flag
+
+
+def test_client_processes_and_cores_follow_the_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pydantic import ValidationError
+
+    from tuner.settings import Settings, parse_cpu_list
+    from tuner.wiring import ray_trial_cpus, runner_options
+    from tuner.workers.measure import Clients
+
+    assert parse_cpu_list("6-7") == (6, 7) and parse_cpu_list("0, 2,4-5") == (0, 2, 4, 5)
+    for bad in ("", "a", "3-1", "1-", "-2"):
+        with pytest.raises(ValueError):
+            parse_cpu_list(bad)
+    with pytest.raises(ValidationError):
+        Settings(data_dir=tmp_path, client_cpus="x")
+
+    pinned = Settings(data_dir=tmp_path, client_cpus="6-7", max_client_processes=2)
+    options = RunnerOptions(**runner_options(pinned, tmp_path))
+    assert options.clients() == Clients(1, 2, (6, 7))
+    # Under Ray each client process gets a CPU of the trial's reservation, beside one for the runner and the
+    # server's API process; the runner never re-measures with more processes than were reserved.
+    ray = Settings(data_dir=tmp_path, executor="ray", max_client_processes=3)
+    assert ray_trial_cpus(ray) == 4.0
+    assert RunnerOptions(**runner_options(ray, tmp_path)).clients().max_processes == 3
+    assert ray_trial_cpus(Settings(data_dir=tmp_path, executor="ray")) == 3.0

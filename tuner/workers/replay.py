@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import random
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -41,30 +42,57 @@ class ReplaySettings:
     return_token_ids: bool = True
 
 
-def make_client(timeout_s: float = 600.0) -> httpx.AsyncClient:
+@dataclass(frozen=True)
+class Connection:
+    """How the stream client reaches the server beyond its URL: extra headers (an API key), TLS checks.
+    Plain data, so a client process of a sharded window can build its own session from it."""
+
+    headers: tuple[tuple[str, str], ...] = ()
+    verify_tls: bool = True
+    ca_file: str | None = None  # a CA bundle to trust instead of the system's
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        if not self.verify_tls:
+            return False
+        if self.ca_file:
+            return ssl.create_default_context(cafile=self.ca_file)
+        return True
+
+    def httpx_verify(self) -> ssl.SSLContext | bool:
+        ctx = self.ssl_context()
+        return ssl.create_default_context() if ctx is True else ctx
+
+
+def make_client(timeout_s: float = 600.0, connection: Connection | None = None) -> httpx.AsyncClient:
     """The client every replay uses: no connection cap, and TCP_NODELAY.
 
     httpcore writes a request's headers and body separately; without TCP_NODELAY, Nagle's algorithm holds
     the body until the headers are ACKed, and a delayed ACK adds up to tens of milliseconds to each TTFT
     (aiohttp, which ``vllm bench`` uses, sets TCP_NODELAY for the same reason).
     """
+    conn = connection or Connection()
     transport = httpx.AsyncHTTPTransport(
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
         socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        verify=conn.httpx_verify(),
     )
-    return httpx.AsyncClient(transport=transport, timeout=timeout_s)
+    return httpx.AsyncClient(transport=transport, timeout=timeout_s, headers=dict(conn.headers))
 
 
 @contextlib.asynccontextmanager
-async def stream_client(timeout_s: float = 600.0) -> AsyncIterator[aiohttp.ClientSession]:
+async def stream_client(
+    timeout_s: float = 600.0, connection: Connection | None = None
+) -> AsyncIterator[aiohttp.ClientSession]:
     """The session every replay window streams through: no connection cap, keep-alive, TCP_NODELAY
     (aiohttp sets it), no cookie jar or auto-decompression work per response."""
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=True)
+    conn = connection or Connection()
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=True, ssl=conn.ssl_context())
     async with aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=timeout_s),
         cookie_jar=aiohttp.DummyCookieJar(),
         auto_decompress=False,
+        headers=dict(conn.headers),
         json_serialize=lambda o: orjson.dumps(o).decode(),
     ) as session:
         yield session
@@ -177,21 +205,33 @@ class Window:
     health: ClientHealth | None = None
 
 
-# The client cannot keep up when its event loop runs this late (p90), or its thread is this busy: the
-# server's figures would then be the client's ceiling.
+# The client cannot keep up when its event loop runs this late (p90), its thread is this busy, or it waits
+# this share of the window for a CPU while runnable (another process on its core): the server's figures
+# would then be the client's ceiling.
 MAX_LOOP_LAG_MS = 25.0
 MAX_CLIENT_CPU_SHARE = 0.90
+MAX_RUNQUEUE_SHARE = 0.10
 _PROBE_S = 0.02
+
+
+def _runqueue_wait_s() -> float | None:
+    """Time this thread has spent runnable but not running (Linux schedstat); None where unknown."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
 class ClientHealth:
-    """How the replay's own process fared during a window: event-loop lag (how late a 20 ms timer fired)
-    and the share of wall time the loop's thread spent on CPU."""
+    """How the replay's own process fared during a window: event-loop lag (how late a 20 ms timer fired),
+    the share of wall time the loop's thread spent on CPU, and the share it spent waiting for one."""
 
     loop_lag_p90_ms: float
     loop_lag_max_ms: float
     cpu_share: float
+    runqueue_share: float | None = None
 
     @property
     def bound_reason(self) -> str | None:
@@ -199,6 +239,8 @@ class ClientHealth:
             return f"client event loop lagged {self.loop_lag_p90_ms:.0f} ms (p90) behind its timers"
         if self.cpu_share > MAX_CLIENT_CPU_SHARE:
             return f"client thread used {self.cpu_share:.0%} of a core"
+        if self.runqueue_share is not None and self.runqueue_share > MAX_RUNQUEUE_SHARE:
+            return f"client thread waited {self.runqueue_share:.0%} of the window for a CPU (its core is shared)"
         return None
 
 
@@ -206,6 +248,7 @@ class _HealthProbe:
     def __init__(self) -> None:
         self.lags: list[float] = []
         self._cpu0 = time.thread_time()  # the loop's thread only: other trials' clients are not ours
+        self._wait0 = _runqueue_wait_s()
         self._t0 = time.perf_counter()
 
     async def run(self) -> None:
@@ -219,7 +262,31 @@ class _HealthProbe:
         lags = sorted(self.lags) or [0.0]
         p90 = lags[min(len(lags) - 1, int(0.9 * len(lags)))]
         cpu = (time.thread_time() - self._cpu0) / wall if wall > 0 else 0.0
-        return ClientHealth(p90 * 1000.0, lags[-1] * 1000.0, cpu)
+        wait1 = _runqueue_wait_s()
+        waited = (wait1 - self._wait0) / wall if wall > 0 and wait1 is not None and self._wait0 is not None else None
+        return ClientHealth(p90 * 1000.0, lags[-1] * 1000.0, cpu, waited)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one client process sends in a window. Closed loop: ``workers`` loops, each taking the next
+    request index from ``take`` (shared between processes when the window is sharded, so the total in flight
+    is the level's concurrency until the last request is sent). Open loop: ``schedule`` of (index, send
+    offset from the window start)."""
+
+    workers: int = 0
+    take: Callable[[], int | None] = lambda: None
+    schedule: tuple[tuple[int, float], ...] = ()
+
+
+def plan_for(level: LoadLevel, requests: Sequence[TrafficRequest], n: int, offset: int, seed: int) -> Plan:
+    """The single-process plan of a window of ``n`` requests taken cyclically from ``offset``."""
+    picks = [(offset + i) % len(requests) for i in range(n)]
+    if level.kind is LoadKind.CONCURRENCY:
+        it = iter(picks)
+        return Plan(workers=max(1, int(level.value)), take=lambda: next(it, None))
+    offsets = arrival_offsets(level, [requests[i] for i in picks], seed)
+    return Plan(schedule=tuple(zip(picks, offsets, strict=True)))
 
 
 async def run_level(
@@ -240,21 +307,38 @@ async def run_level(
     in-flight requests and ends the window at once.
     """
     n = level.num_requests if num_requests is None else num_requests
-    picks = [(offset + i) % len(requests) for i in range(n)]
-    t0 = time.perf_counter()
+    plan = plan_for(level, requests, n, offset, settings.seed)
+    return await drive(client, base_url, requests, level, settings, plan, should_stop=should_stop, poll_s=poll_s)
+
+
+async def drive(
+    client: aiohttp.ClientSession,
+    base_url: str,
+    requests: Sequence[TrafficRequest],
+    level: LoadLevel,
+    settings: ReplaySettings,
+    plan: Plan,
+    *,
+    t0: float | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    poll_s: float = 0.2,
+) -> Window:
+    """Send what ``plan`` says from this process; ``t0`` (a ``time.perf_counter`` reading, the same clock in
+    every process of a host) is the window start the schedule and ``level.duration_s`` count from."""
+    t0 = time.perf_counter() if t0 is None else t0
+    if (wait := t0 - time.perf_counter()) > 0:
+        await asyncio.sleep(wait)  # a shard waits for the common start
     records: list[RequestRecord] = []
     issue_until = t0 + level.duration_s if level.duration_s else float("inf")
 
-    async def closed_worker(queue: asyncio.Queue[int]) -> None:
-        while not queue.empty() and time.perf_counter() < issue_until:
-            i = queue.get_nowait()
+    async def closed_worker() -> None:
+        while time.perf_counter() < issue_until and (i := plan.take()) is not None:
             records.append(await send_one(client, base_url, i, requests[i], settings))
 
     async def open_loop() -> None:
         pending: list[asyncio.Task[RequestRecord]] = []
         try:
-            offsets = arrival_offsets(level, [requests[i] for i in picks], settings.seed)
-            for i, at in zip(picks, offsets, strict=True):
+            for i, at in plan.schedule:
                 delay = t0 + at - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -266,12 +350,8 @@ async def run_level(
             for task in pending:
                 task.cancel()
 
-    if level.kind is LoadKind.CONCURRENCY:
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in picks:
-            queue.put_nowait(i)
-        workers = max(1, int(level.value))
-        main = asyncio.gather(*(closed_worker(queue) for _ in range(workers)))
+    if plan.workers:
+        main = asyncio.gather(*(closed_worker() for _ in range(plan.workers)))
     else:
         main = asyncio.ensure_future(open_loop())
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from tuner.domain import (
     Evaluator,
+    LevelResult,
     LoadKind,
     LoadLevel,
     ModelRef,
@@ -27,6 +28,7 @@ from tuner.domain import (
     TrialSpec,
     to_jsonable,
 )
+from tuner.load_levels import DEFAULT_NUM_REQUESTS, DEFAULT_WARMUP_REQUESTS, REQUESTS_PER_SLOT
 from tuner.workers.options import CPU_SERVER_ENV, RunnerOptions
 
 
@@ -36,12 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="HF id or local path of the target model")
     p.add_argument("--traffic", required=True, type=Path, help="JSONL / JSON / ShareGPT traffic sample")
     p.add_argument("--speculative-config", default=None, help="vLLM speculative config as JSON (omit: none)")
-    load = p.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", type=int, nargs="+", help="closed-loop levels (requests in flight)")
-    load.add_argument("--rate", type=float, nargs="+", help="open-loop Poisson levels (requests/s)")
-    load.add_argument("--timestamps", action="store_true", help="replay at the sample's own arrival times")
-    p.add_argument("--num-requests", type=int, default=32, help="measured requests per level")
-    p.add_argument("--warmup", type=int, default=2, help="warm-up requests per level (not measured)")
+    add_load_arguments(p)
     p.add_argument("--serving", default="{}", help='vLLM serving args as JSON, e.g. {"max_model_len": 4096}')
     p.add_argument("--gpu-ids", default=None, help="comma-separated physical GPU ids")
     p.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
@@ -55,13 +52,42 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def _levels(args: argparse.Namespace) -> tuple[LoadLevel, ...]:
-    common = {"num_requests": args.num_requests, "warmup_requests": args.warmup}
+def add_load_arguments(p: argparse.ArgumentParser) -> None:
+    """The load levels, as ``tuner trial`` and ``tuner bench`` both take them."""
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, nargs="+", help="closed-loop levels (requests in flight)")
+    load.add_argument("--rate", type=float, nargs="+", help="open-loop Poisson levels (requests/s)")
+    load.add_argument("--timestamps", action="store_true", help="replay at the sample's own arrival times")
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help=f"measured requests per level (default: {DEFAULT_NUM_REQUESTS}, or {REQUESTS_PER_SLOT} x the "
+        "concurrency when more, so most of the window is steady state)",
+    )
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP_REQUESTS, help="warm-up requests per level")
+
+
+def load_levels(args: argparse.Namespace) -> tuple[LoadLevel, ...]:
+    n = args.num_requests
     if args.rate:
-        return tuple(LoadLevel(LoadKind.RATE, r, **common) for r in args.rate)
+        return tuple(
+            LoadLevel(LoadKind.RATE, r, num_requests=n or DEFAULT_NUM_REQUESTS, warmup_requests=args.warmup)
+            for r in args.rate
+        )
     if args.timestamps:
-        return (LoadLevel(LoadKind.TIMESTAMPS, 0.0, **common),)
-    return tuple(LoadLevel(LoadKind.CONCURRENCY, c, **common) for c in args.concurrency or [1])
+        return (
+            LoadLevel(LoadKind.TIMESTAMPS, 0.0, num_requests=n or DEFAULT_NUM_REQUESTS, warmup_requests=args.warmup),
+        )
+    return tuple(
+        LoadLevel(
+            LoadKind.CONCURRENCY,
+            c,
+            num_requests=n if n is not None else max(DEFAULT_NUM_REQUESTS, REQUESTS_PER_SLOT * c),
+            warmup_requests=args.warmup,
+        )
+        for c in args.concurrency or [1]
+    )
 
 
 def build_trial(args: argparse.Namespace) -> TrialSpec:
@@ -73,7 +99,7 @@ def build_trial(args: argparse.Namespace) -> TrialSpec:
     return TrialSpec(
         model=ModelRef(args.model),
         spec=spec,
-        levels=_levels(args),
+        levels=load_levels(args),
         requests=tuple(requests),
         serving=ServingConfig(args=json.loads(args.serving)),
         gpu_ids=gpu_ids,
@@ -98,6 +124,33 @@ def _evaluator(args: argparse.Namespace) -> Evaluator:
     )
 
 
+def format_level(lr: LevelResult) -> list[str]:
+    """A level's line, then its spec-decode figures and whether the client kept up."""
+    row: list[Any] = [
+        f"  {lr.level.label:>6}: {lr.output_throughput:8.1f} tok/s {lr.request_throughput:6.2f} req/s",
+        f"TTFT p50/p99 {lr.ttft_ms.p50:.1f}/{lr.ttft_ms.p99:.1f} ms",
+        f"TPOT mean {lr.tpot_ms.mean:.2f} ms ITL p99 {lr.itl_ms.p99:.2f} ms",
+        f"errors {lr.errors}",
+    ]
+    if lr.achieved_concurrency is not None:
+        flag = " BELOW TARGET" if lr.below_target else ""
+        row.append(f"running {lr.achieved_concurrency:.1f}{flag}")
+    lines = ["  ".join(row)]
+    sd = lr.spec_decode
+    if sd is not None:
+        per_pos = ", ".join(f"{r:.2f}" for r in sd.per_position_rate)
+        empty = f", empty steps {sd.empty_step_fraction:.0%}" if sd.empty_step_fraction is not None else ""
+        lines.append(
+            f"          acceptance rate {sd.acceptance_rate:.3f}, length {sd.acceptance_length:.2f},"
+            f" per position [{per_pos}], {sd.mean_proposed_per_draft:.2f} proposed/draft{empty}"
+        )
+    if lr.steady_share is not None:
+        lines.append(f"          steady state {lr.steady_share:.0%} of the window")
+    if lr.client_bound:
+        lines.append(f"          CLIENT-BOUND: {lr.client_bound_reason} - these figures are the client's ceiling")
+    return lines
+
+
 def format_summary(result: TrialResult) -> str:
     """A human-readable summary: one line per level, then spec-decode figures, correctness, failure."""
     lines = [
@@ -105,24 +158,7 @@ def format_summary(result: TrialResult) -> str:
         f" (startup {result.startup_s or 0:.1f} s, wall {result.wall_s or 0:.1f} s)".rstrip()
     ]
     for lr in result.levels:
-        row: list[Any] = [
-            f"  {lr.level.label:>6}: {lr.output_throughput:8.1f} tok/s {lr.request_throughput:6.2f} req/s",
-            f"TTFT p50/p99 {lr.ttft_ms.p50:.1f}/{lr.ttft_ms.p99:.1f} ms",
-            f"TPOT mean {lr.tpot_ms.mean:.2f} ms ITL p99 {lr.itl_ms.p99:.2f} ms",
-            f"errors {lr.errors}",
-        ]
-        if lr.achieved_concurrency is not None:
-            flag = " BELOW TARGET" if lr.below_target else ""
-            row.append(f"running {lr.achieved_concurrency:.1f}{flag}")
-        lines.append("  ".join(row))
-        sd = lr.spec_decode
-        if sd is not None:
-            per_pos = ", ".join(f"{r:.2f}" for r in sd.per_position_rate)
-            empty = f", empty steps {sd.empty_step_fraction:.0%}" if sd.empty_step_fraction is not None else ""
-            lines.append(
-                f"          acceptance rate {sd.acceptance_rate:.3f}, length {sd.acceptance_length:.2f},"
-                f" per position [{per_pos}], {sd.mean_proposed_per_draft:.2f} proposed/draft{empty}"
-            )
+        lines.extend(format_level(lr))
     c = result.correctness
     if c is not None and not c.gated:
         lines.append(f"  correctness: NOT GATED ({c.not_gated})")

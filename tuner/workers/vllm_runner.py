@@ -20,21 +20,18 @@ from tuner.domain import (
     Failure,
     FailureClass,
     LevelResult,
-    LoadKind,
-    LoadLevel,
     TrialContext,
     TrialResult,
     TrialSpec,
     TrialStatus,
     env_name_allowed,
 )
-from tuner.workers import vllm_metrics
 from tuner.workers.correctness import compare, greedy_outputs, not_gated, ungated_reason
 from tuner.workers.devices import device_env
 from tuner.workers.failures import Observation, Phase, classify
+from tuner.workers.measure import Target, measure_level
 from tuner.workers.options import RunnerOptions
-from tuner.workers.replay import ReplaySettings, Window, make_client, run_level, stream_client
-from tuner.workers.timing import summarize
+from tuner.workers.replay import ReplaySettings, Window, make_client, stream_client
 from tuner.workers.vllm_server import (
     ServerExited,
     ServerLaunchError,
@@ -127,6 +124,7 @@ class VllmRunner:
             host=opts.host,
             grace_s=opts.stop_grace_s,
             on_started=ctx.on_process_started,
+            cpus=_server_cpus(opts.client_cpus),
         )
         obs: Observation | None = None
         internal: BaseException | None = None
@@ -215,29 +213,27 @@ class VllmRunner:
                     )
                 )
 
+        target = Target(base, base)
+        clients = opts.clients()
         async with make_client(opts.request_timeout_s) as client, stream_client(opts.request_timeout_s) as streams:
             progress.version = await _version(client, base)
             requests = spec.requests
             for level in spec.levels:
-                if level.warmup_requests:
-                    warm = _warmup_level(level)
-                    check(
-                        await run_level(
-                            streams,
-                            base,
-                            requests,
-                            warm,
-                            settings,
-                            offset=level.num_requests,
-                            should_stop=should_stop,
-                        )
-                    )
-                before = await vllm_metrics.scrape(client, base)
-                async with vllm_metrics.GaugeSampler(client, base, opts.metrics_interval_s) as sampler:
-                    window = await run_level(streams, base, requests, level, settings, should_stop=should_stop)
-                check(window)
-                after = await vllm_metrics.scrape(client, base)
-                result = _level_result(spec, level, window, before, after, sampler.summary())
+                measured = await measure_level(
+                    client,
+                    streams,
+                    target,
+                    requests,
+                    level,
+                    settings,
+                    slo=spec.slo,
+                    num_speculative_tokens=spec.spec.num_speculative_tokens,
+                    clients=clients,
+                    metrics_interval_s=opts.metrics_interval_s,
+                    should_stop=should_stop,
+                    check=check,
+                )
+                result, window = measured.result, measured.window
                 progress.levels.append(result)
                 total = result.num_requests + result.errors
                 if total and result.errors / total > opts.max_error_fraction:
@@ -296,35 +292,12 @@ class VllmRunner:
         )
 
 
-def _warmup_level(level: LoadLevel) -> LoadLevel:
-    """Warm-up runs closed loop: at the level's concurrency, or one at a time before an open-loop level."""
-    width = level.value if level.kind is LoadKind.CONCURRENCY else 1
-    return LoadLevel(LoadKind.CONCURRENCY, width, num_requests=level.warmup_requests, warmup_requests=0)
-
-
-def _level_result(
-    spec: TrialSpec,
-    level: LoadLevel,
-    window: Window,
-    before: vllm_metrics.MetricsSnapshot,
-    after: vllm_metrics.MetricsSnapshot,
-    gauges: vllm_metrics.GaugeSummary,
-) -> LevelResult:
-    figures = summarize(level, window.records, window.duration_s, spec.slo)
-    reason = window.health.bound_reason if window.health is not None else None
-    return dataclasses.replace(
-        figures,
-        achieved_concurrency=gauges.mean_running,
-        below_target=vllm_metrics.below_target(gauges.mean_running, level.concurrency, gauges.samples),
-        gauge_samples=gauges.samples,
-        peak_kv_cache_usage=gauges.peak_kv_cache_usage,
-        max_waiting=gauges.max_waiting,
-        preemptions=vllm_metrics.counter_delta(before, after, vllm_metrics.PREEMPTIONS) or 0,
-        generation_tokens=vllm_metrics.counter_delta(before, after, vllm_metrics.GENERATION_TOKENS),
-        spec_decode=vllm_metrics.spec_decode_delta(before, after, spec.spec.num_speculative_tokens),
-        client_bound=reason is not None,
-        client_bound_reason=reason,
-    )
+def _server_cpus(client_cpus: tuple[int, ...] | None) -> list[int] | None:
+    """The cores left to the server when the clients have cores of their own (None: no pinning)."""
+    if not client_cpus:
+        return None
+    rest = sorted(os.sched_getaffinity(0) - set(client_cpus))
+    return rest or None
 
 
 async def _version(client: httpx.AsyncClient, base_url: str) -> str | None:

@@ -95,6 +95,7 @@ class VllmServer:
         grace_s: float = 20.0,
         on_started: Callable[[int], None] | None = None,
         cwd: str | Path | None = None,
+        cpus: Sequence[int] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.port = port
@@ -104,6 +105,7 @@ class VllmServer:
         self._grace_s = grace_s
         self._on_started = on_started
         self._cwd = cwd
+        self._cpus = tuple(cpus) if cpus else None  # the cores the server (and what it spawns) may use
         self._proc: subprocess.Popen[bytes] | None = None
         self.pgid: int | None = None
 
@@ -116,6 +118,8 @@ class VllmServer:
 
         def started(pgid: int) -> None:
             self.pgid = pgid
+            if self._cpus:
+                os.sched_setaffinity(pgid, self._cpus)  # before the gate opens: inherited by every child
             if self._on_started is not None:
                 self._on_started(pgid)
 
