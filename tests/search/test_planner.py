@@ -179,6 +179,31 @@ def test_a_baseline_level_without_tpot_leaves_untried_configs_unpredicted_not_a_
     assert planner.outcome().best is not None
 
 
+def test_a_client_bound_level_decides_nothing_and_the_answer_says_so():
+    """c128 measured while the replay could not keep up: it gets no per-level winner, no weight in the
+    objective, and a note naming the trial and the reason."""
+    engine = FakeEngine()
+
+    def bound_at_c128(spec: TrialSpec, ctx=None):
+        r = engine(spec, ctx)
+        levels = tuple(
+            dataclasses.replace(lr, client_bound=True, client_bound_reason="client event loop lagged 90 ms")
+            if lr.level.label == "c128"
+            else lr
+            for lr in r.levels
+        )
+        return dataclasses.replace(r, levels=levels)
+
+    planner = OptunaPlanner(space(), LEVELS, budget=Budget(max_trials=12))
+    run(planner, bound_at_c128)
+    out = planner.outcome()
+    assert {w.level for w in out.per_level_winners} == {"c1", "c8", "c32"}
+    note = next(n for n in out.notes if n.startswith("c128 decided nothing"))
+    assert "trial 0" in note and "lagged 90 ms" in note
+    assert "c128=" not in out.notes[0]  # the objective's weights leave it out
+    assert not out.best.is_off  # the other levels still decide
+
+
 def test_slo_violations_are_infeasible():
     # deep configs blow the p99 TPOT budget at c128: the winner must meet it where the baseline does
     def p99(spec: SpecConfig, level, tpot):

@@ -112,6 +112,11 @@ class Analysis(Predictions):
         self.concurrency = dict(concurrency)
         self.max_num_seqs = max_num_seqs
         self.notes: list[str] = []
+        self.client_bound = self._client_bound_levels()
+        if self.client_bound and len(self.client_bound) < len(self.labels):
+            # A level the client could not keep up with measured the client, not the server: it decides
+            # nothing (its weight goes to the other levels) and the answer says so.
+            self.weights = {lb: w for lb, w in self.weights.items() if lb not in self.client_bound}
         search = [r for r in self.records if r.purpose in SEARCH]
         self.search_records = search
         self.baseline_runs = [r for r in search if r.spec is not None and r.spec.is_off and r.measured]
@@ -166,6 +171,17 @@ class Analysis(Predictions):
                 self.baseline_out[label] = statistics.fmean(out_per_request(lr) for lr in lrs)
             self.baseline_c[label] = statistics.fmean(in_flight(lr) for lr in lrs)
             self.baseline_violation[label] = statistics.fmean(slo_violation(lr, self.slo) for lr in lrs)
+
+    def _client_bound_levels(self) -> dict[str, str]:
+        """Levels some trial measured while its client was the bottleneck, with the first such trial's reason."""
+        out: dict[str, str] = {}
+        for r in self.records:
+            if r.result is None or not r.result.status.has_figures():
+                continue
+            for lr in r.result.levels:
+                if lr.client_bound and lr.level.label in self.labels:
+                    out.setdefault(lr.level.label, f"trial {r.number}: {lr.client_bound_reason or 'client-bound'}")
+        return out
 
     @property
     def has_baseline(self) -> bool:

@@ -71,6 +71,8 @@ def per_level_winners(a: Analysis, records: Sequence[Record]) -> tuple[LevelWinn
     stats = a._config_stats(records)
     out = []
     for label in a.labels:
+        if label in a.client_bound and len(a.client_bound) < len(a.labels):
+            continue  # measured the client's ceiling: no per-range answer from it
         best: tuple[float, ConfigStats] | None = None
         for st in stats.values():
             if st.diverged or st.spec.key() in a.failed_configs or label not in st.per_level():
@@ -145,6 +147,14 @@ def build_outcome(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]
         )
     elif winners:
         notes.append(f"one method+draft wins at every level ({', '.join(labels)}): {_arm(winners[0].spec)}")
+    for label, reason in a.client_bound.items():
+        if len(a.client_bound) < len(a.labels):
+            notes.append(f"{label} decided nothing: the client could not keep up ({reason}); not measured")
+        else:
+            notes.append(
+                f"{label}: the client could not keep up ({reason}); every level was client-bound, so these "
+                "figures are the client's ceiling, not the server's: re-run with more client processes"
+            )
     for arm, reason in a.excluded_arms.items():
         notes.append(f"{arm} excluded: {reason}")
     for arm, cap in a.caps.items():

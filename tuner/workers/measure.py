@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -66,9 +67,10 @@ async def _window(
     should_stop: Callable[[], bool],
     offset: int = 0,
 ) -> Window:
-    if processes <= 1 and not clients.cpus:
-        base = target.base_url
-        return await run_level(streams, base, requests, level, settings, offset=offset, should_stop=should_stop)
+    if processes <= 1:
+        with _pinned(clients.cpus):
+            base = target.base_url
+            return await run_level(streams, base, requests, level, settings, offset=offset, should_stop=should_stop)
     return await run_sharded(
         target.base_url,
         requests,
@@ -80,6 +82,21 @@ async def _window(
         cpus=clients.cpus,
         should_stop=should_stop,
     )
+
+
+@contextlib.contextmanager
+def _pinned(cpus: tuple[int, ...] | None) -> Iterator[None]:
+    """Run this thread (the one whose event loop replays) on ``cpus`` for the block: on Linux pid 0 names the
+    calling thread, so the rest of the process keeps its cores."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 async def _scrape(control: httpx.AsyncClient, target: Target) -> vllm_metrics.MetricsSnapshot:

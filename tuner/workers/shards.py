@@ -9,7 +9,9 @@ are on one time line and summarise like a single client's.
 
 The processes are spawned (not forked: the parent runs an event loop and threads), each builds its own
 aiohttp session from a :class:`~tuner.workers.replay.Connection`, and may be pinned to ``cpus`` so clients
-stay off the cores the server's API process uses.
+stay off the cores the server's API process uses. As with any spawned multiprocessing child, a script that
+calls this must guard its own top level with ``if __name__ == "__main__":`` (the ``tuner`` command, pytest and
+Ray's workers do).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from tuner.domain import (
     to_jsonable,
 )
 from tuner.load_levels import DEFAULT_NUM_REQUESTS, DEFAULT_WARMUP_REQUESTS, REQUESTS_PER_SLOT
+from tuner.settings import parse_cpu_list
 from tuner.workers.options import CPU_SERVER_ENV, RunnerOptions
 
 
@@ -47,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true", help="add the environment vLLM needs on a CPU-only host")
     p.add_argument("--log-dir", default=None)
     p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--client-processes", type=int, default=1, help="client processes per window")
+    p.add_argument("--max-client-processes", type=int, default=None, help="re-measure a client-bound window up to")
+    p.add_argument("--client-cpus", default=None, help="cores for the clients, e.g. 6-7 (the server gets the rest)")
     p.add_argument("--json", action="store_true", help="print the TrialResult as JSON")
     p.set_defaults(func=run)
     return p
@@ -120,6 +124,9 @@ def _evaluator(args: argparse.Namespace) -> Evaluator:
             log_dir=args.log_dir,
             startup_timeout_s=args.startup_timeout,
             extra_env=dict(CPU_SERVER_ENV) if args.cpu else {},
+            client_processes=args.client_processes,
+            max_client_processes=args.max_client_processes,
+            client_cpus=parse_cpu_list(args.client_cpus) if args.client_cpus else None,
         )
     )
 
