@@ -196,7 +196,7 @@ def print_recommendation(rec: dict[str, Any]) -> None:
     _say(BANNER)
     _say(rec["summary"])
     _say("--speculative-config " + (json.dumps(rec["speculative_config"]) if rec["speculative_config"] else "(none)"))
-    _say("deploy: " + " ".join(_quote(a) for a in rec["serve_args"]))
+    _say("deploy: " + rec["deploy_command"])
     if rec.get("acceptance_length"):
         _say(f"mean acceptance length: {rec['acceptance_length']:.2f}")
     for w in rec.get("per_level_winners") or []:
@@ -212,10 +212,6 @@ def _label(spec: dict[str, Any]) -> str:
     return f"{spec['method']} k={spec.get('num_speculative_tokens')}" + (
         f" schedule={spec['schedule']}" if spec.get("schedule") else ""
     )
-
-
-def _quote(arg: str) -> str:
-    return f"'{arg}'" if any(c in arg for c in ' {}"[]') else arg
 
 
 if __name__ == "__main__":

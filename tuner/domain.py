@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -247,6 +248,31 @@ class ModelRef:
     trust_remote_code: bool = False
 
 
+class UnsafeArgument(ValueError):
+    """A value that must not reach a command line (it could be read as an option, or carries control bytes)."""
+
+
+def argv_value_problem(value: str) -> str | None:
+    """Why ``value`` (a model, revision, draft checkpoint or string serving value) may not be put on a vLLM
+    command line; None when it may. A leading ``-`` would make vLLM's parser read it as an option (``model:
+    "--trust-remote-code"``); NUL and other control characters have no business in an id or a path."""
+    if not value:
+        return "must not be empty"
+    if value.startswith("-"):
+        return "must not start with '-' (it would be read as a command-line option)"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        return "must not contain NUL or other control characters"
+    return None
+
+
+def check_argv_value(field: str, value: str) -> str:
+    """``value`` unchanged, or :class:`UnsafeArgument` naming ``field``."""
+    problem = argv_value_problem(value)
+    if problem is not None:
+        raise UnsafeArgument(f"{field} {problem}")
+    return value
+
+
 # vLLM serve arguments a job may set, with the Python type each takes. Anything else is refused so that a
 # job cannot smuggle in flags that change what is measured (or --speculative-config itself).
 SERVING_ARG_TYPES: dict[str, type] = {
@@ -287,8 +313,30 @@ SERVING_ENV_ALLOWED: tuple[str, ...] = (
 )
 
 
+# Under the allowed prefixes, names that load a library or name a file to write or read are refused: a
+# tuning job must not make a worker's vLLM dlopen a plugin or write over a file (HSA_TOOLS_LIB,
+# NCCL_NET_PLUGIN, NCCL_DEBUG_FILE, ...).
+_ENV_DENIED_SUFFIXES = ("_LIB", "_LIBS", "_PLUGIN", "_FILE", "_FILENAME", "_PATH", "_DIR", "_PREFIX")
+# Path-taking variables that are useful to tune with: allowed, but their value is confined to the trial's
+# own directory (only the file's base name is kept; see tuner.workers.environment).
+SERVING_ENV_CONFINED_PATHS: tuple[str, ...] = ("PYTORCH_TUNABLEOP_FILENAME", "PYTORCH_TUNABLEOP_UNTUNED_FILENAME")
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why a job may not set environment variable ``name``; None when it may."""
+    if not name or "=" in name or "\x00" in name or any(ord(ch) < 32 for ch in name):
+        return "is not a valid environment variable name"
+    if name in SERVING_ENV_CONFINED_PATHS:
+        return None
+    if not any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in SERVING_ENV_ALLOWED):
+        return "is not allowed (see SERVING_ENV_ALLOWED)"
+    if name.endswith(_ENV_DENIED_SUFFIXES):
+        return "is not allowed: it loads a library or names a file"
+    return None
+
+
 def env_name_allowed(name: str) -> bool:
-    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in SERVING_ENV_ALLOWED)
+    return env_name_problem(name) is None
 
 
 @dataclass(frozen=True)
@@ -313,6 +361,9 @@ class ServingConfig:
             flag = "--" + name.replace("_", "-")
             if isinstance(value, bool):
                 out.append(flag if value else "--no-" + flag[2:])
+            elif isinstance(value, str):
+                # "--flag=value": the parser takes what follows "=" as the value whatever it looks like
+                out.append(f"{flag}={check_argv_value(name, value)}")
             else:
                 out.extend([flag, str(value)])
         return out
@@ -326,10 +377,14 @@ def serve_argv(model: ModelRef, serving: ServingConfig, spec: SpecConfig) -> lis
     args, and the speculative config as canonical JSON (sorted keys, no spaces). No speculative config means
     no flag at all: ``num_speculative_tokens: 0``, or K=0 in a schedule, is a configuration, not "off".
     Runners add only their runtime extras around this (host, port, platform flags).
+    Strings from the job are checked (:func:`argv_value_problem`, :class:`UnsafeArgument`) and passed as
+    ``--flag=value``; the model is positional in ``vllm serve``, so a leading ``-`` is refused outright.
     """
-    argv = [model.name]
+    argv = [check_argv_value("model", model.name)]
     if model.revision:
-        argv += ["--revision", model.revision]
+        argv.append(f"--revision={check_argv_value('revision', model.revision)}")
+    if spec.model:
+        check_argv_value("draft model", spec.model)  # inside the JSON config, but vLLM loads it as a model
     if model.trust_remote_code:
         argv.append("--trust-remote-code")
     argv += serving.to_cli_args()
@@ -722,6 +777,10 @@ class Recommendation:
         """The full ``vllm serve`` argv (without the executable) that deploys this recommendation: the
         arguments its trials were measured with (:func:`serve_argv`), without the runner's host and port."""
         return ["serve", *serve_argv(self.model, self.serving, self.spec)]
+
+    def deploy_command(self) -> str:
+        """The same argv as one shell-quoted line (the JSON speculative config survives a paste into a shell)."""
+        return shlex.join(["vllm", *self.serve_args()])
 
 
 @dataclass(frozen=True)

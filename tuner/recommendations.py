@@ -365,6 +365,7 @@ def render(session: Session, row: RecommendationRow, history: Sequence[Recommend
         "summary": _summary(rec),
         "speculative_config": speculative,
         "serve_args": ["vllm", *rec.serve_args()],
+        "deploy_command": rec.deploy_command(),
         "serving": to_jsonable(rec.serving),
         "serving_key": row.serving_key,
         "concurrency": {"low": rec.concurrency.low, "high": rec.concurrency.high},

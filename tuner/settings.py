@@ -55,6 +55,11 @@ class Settings(BaseSettings):
         description="Ask for token ids in measured windows (exact per-token ITL); off: chunks count as one token, "
         "as in vllm bench, and the API server does a little less work.",
     )
+    model_roots: str | None = Field(
+        default=None,
+        description="Directories (separated by ':') a job's local model and draft paths must lie under; "
+        "default: the Hugging Face cache ($HF_HOME or ~/.cache/huggingface) and <data_dir>/models.",
+    )
     client_processes: int = Field(default=1, ge=1, le=64, description="Client processes per measured window.")
     max_client_processes: int | None = Field(
         default=None,
@@ -102,6 +107,13 @@ class Settings(BaseSettings):
         if v is not None:
             parse_cpu_list(v)
         return v
+
+    @property
+    def model_root_list(self) -> tuple[str, ...]:
+        if self.model_roots:
+            return tuple(r for r in self.model_roots.split(":") if r)
+        hf = os.environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
+        return (hf, str((self.data_dir / "models").resolve()))
 
     @property
     def client_cpu_list(self) -> tuple[int, ...] | None:

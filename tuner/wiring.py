@@ -178,6 +178,7 @@ def runner_options(settings: Settings, log_dir: Path) -> dict[str, Any]:
         "return_token_ids": settings.return_token_ids,
         "client_processes": settings.client_processes,
         "client_cpus": settings.client_cpu_list,
+        "model_roots": settings.model_root_list,
     }
     if settings.executor == "ray":
         options["max_client_processes"] = ray_client_processes(settings)

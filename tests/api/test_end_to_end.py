@@ -3,6 +3,7 @@ Optuna planner and the simulated engine, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,11 @@ def test_tune_to_recommendation(served: tuple[TestClient, dict[str, str]]) -> No
     assert body["measured_on"]["traffic_id"] == sample["id"]
     assert body["provenance"]["job_id"] == job["id"]
     assert body["serve_args"][:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
+    # pasted into a shell, the deploy command is exactly that argv (the JSON config included)
+    echoed = subprocess.run(
+        ["sh", "-c", 'printf "%s\\0" ' + body["deploy_command"]], capture_output=True, text=True, check=True
+    )
+    assert echoed.stdout.split("\0")[:-1] == body["serve_args"]
     if body["speculative_config"] is None:
         assert body["speculation"] == "off" and "No speculation" in " ".join(body["notes"])
     else:

@@ -36,7 +36,9 @@ PROMPTS = [
 
 
 @pytest.fixture
-def served(tmp_path: Path, cpu_options: RunnerOptions) -> Iterator[tuple[TestClient, dict[str, str], Settings]]:
+def served(
+    tmp_path: Path, cpu_options: RunnerOptions, tiny_model: Path
+) -> Iterator[tuple[TestClient, dict[str, str], Settings]]:
     db_url = f"sqlite:///{tmp_path / 'tuner.db'}"
     migrate.upgrade(db_url)
     settings = Settings(
@@ -47,6 +49,7 @@ def served(tmp_path: Path, cpu_options: RunnerOptions) -> Iterator[tuple[TestCli
         vllm_extra_env=dict(cpu_options.extra_env),
         startup_timeout_s=420,
         poll_s=0.2,
+        model_roots=str(tiny_model.parent),  # local models only from here, as a worker's TUNER_MODEL_ROOTS says
         # The replay on a core of its own and the server on the others, as on a GPU node: shared cores starve
         # the client (its event loop ran 150-600 ms late here) and every level would be client-bound.
         client_cpus=str(max(os.sched_getaffinity(0))) if len(os.sched_getaffinity(0)) > 1 else None,

