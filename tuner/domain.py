@@ -324,7 +324,7 @@ SERVING_ENV_CONFINED_PATHS: tuple[str, ...] = ("PYTORCH_TUNABLEOP_FILENAME", "PY
 
 def env_name_problem(name: str) -> str | None:
     """Why a job may not set environment variable ``name``; None when it may."""
-    if not name or "=" in name or "\x00" in name or any(ord(ch) < 32 for ch in name):
+    if not name or "=" in name or any(ord(ch) < 32 for ch in name):  # NUL among the control characters
         return "is not a valid environment variable name"
     if name in SERVING_ENV_CONFINED_PATHS:
         return None

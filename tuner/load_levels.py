@@ -17,6 +17,11 @@ DEFAULT_NUM_REQUESTS = 32
 DEFAULT_WARMUP_REQUESTS = 2
 
 
+def window_requests(concurrency: int, at_least: int = DEFAULT_NUM_REQUESTS) -> int:
+    """Requests in a closed-loop window at ``concurrency``: ``REQUESTS_PER_SLOT`` per slot, at least ``at_least``."""
+    return max(at_least, REQUESTS_PER_SLOT * int(concurrency))
+
+
 def default_levels(
     request_count: int,
     *,
@@ -33,7 +38,7 @@ def default_levels(
         LoadLevel(
             LoadKind.CONCURRENCY,
             float(c),
-            num_requests=max(num_requests, REQUESTS_PER_SLOT * c),
+            num_requests=window_requests(c, num_requests),
             warmup_requests=min(warmup_requests, c),
         )
         for c in usable

@@ -20,7 +20,7 @@ from tuner.domain import (
     argv_value_problem,
     env_name_problem,
 )
-from tuner.load_levels import REQUESTS_PER_SLOT
+from tuner.load_levels import window_requests
 
 PositiveMs = Annotated[float, Field(gt=0, le=3_600_000)]
 
@@ -221,7 +221,7 @@ class TuneIn(Strict):
                 LoadLevel(
                     LoadKind.CONCURRENCY,
                     c,
-                    **(common | {"num_requests": max(self.num_requests, REQUESTS_PER_SLOT * c)}),
+                    **(common | {"num_requests": window_requests(c, self.num_requests)}),
                 )
                 for c in sorted(set(self.concurrency))
             )

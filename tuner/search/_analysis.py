@@ -113,10 +113,11 @@ class Analysis(Predictions):
         self.max_num_seqs = max_num_seqs
         self.notes: list[str] = []
         self.client_bound = self._client_bound_levels()
-        if self.client_bound and len(self.client_bound) < len(self.labels):
-            # A level the client could not keep up with measured the client, not the server: it decides
-            # nothing (its weight goes to the other levels) and the answer says so.
-            self.weights = {lb: w for lb, w in self.weights.items() if lb not in self.client_bound}
+        # A level the client could not keep up with measured the client, not the server: it decides nothing
+        # (its weight goes to the other levels) and the answer says so. When every level is, nothing is left
+        # to decide on, so all stay and the answer says that instead.
+        self.undecided = self.client_bound if len(self.client_bound) < len(self.labels) else {}
+        self.weights = {lb: w for lb, w in self.weights.items() if lb not in self.undecided}
         search = [r for r in self.records if r.purpose in SEARCH]
         self.search_records = search
         self.baseline_runs = [r for r in search if r.spec is not None and r.spec.is_off and r.measured]

@@ -71,7 +71,7 @@ def per_level_winners(a: Analysis, records: Sequence[Record]) -> tuple[LevelWinn
     stats = a._config_stats(records)
     out = []
     for label in a.labels:
-        if label in a.client_bound and len(a.client_bound) < len(a.labels):
+        if label in a.undecided:
             continue  # measured the client's ceiling: no per-range answer from it
         best: tuple[float, ConfigStats] | None = None
         for st in stats.values():
@@ -148,7 +148,7 @@ def build_outcome(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]
     elif winners:
         notes.append(f"one method+draft wins at every level ({', '.join(labels)}): {_arm(winners[0].spec)}")
     for label, reason in a.client_bound.items():
-        if len(a.client_bound) < len(a.labels):
+        if label in a.undecided:
             notes.append(f"{label} decided nothing: the client could not keep up ({reason}); not measured")
         else:
             notes.append(

@@ -63,12 +63,12 @@ class RunnerOptions:
     in_ray: bool = False  # Ray already set the device visibility: do not set physical ids again
     seed: int = 0  # open-loop arrival times
     log_tail_lines: int = 80
-    # Client processes per measured window: the first try, and the most a client-bound window is re-measured
-    # with (None: one per core beyond the first two, which the server's API process and the runner keep).
-    # ``client_cpus`` pins them (and keeps the launched server off those cores).
     # Local model and draft paths must lie under one of these directories (None: any path, for an operator's
     # own `tuner trial`; the service always passes its TUNER_MODEL_ROOTS). HF ids are not paths.
     model_roots: tuple[str, ...] | None = None
+    # Client processes per measured window: the first try, and the most a client-bound window is re-measured
+    # with (None: one per core beyond the first two, which the server's API process and the runner keep).
+    # ``client_cpus`` pins them (and keeps the launched server off those cores).
     client_processes: int = 1
     max_client_processes: int | None = None
     client_cpus: tuple[int, ...] | None = None

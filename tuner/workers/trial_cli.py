@@ -28,7 +28,7 @@ from tuner.domain import (
     TrialSpec,
     to_jsonable,
 )
-from tuner.load_levels import DEFAULT_NUM_REQUESTS, DEFAULT_WARMUP_REQUESTS, REQUESTS_PER_SLOT
+from tuner.load_levels import DEFAULT_NUM_REQUESTS, DEFAULT_WARMUP_REQUESTS, REQUESTS_PER_SLOT, window_requests
 from tuner.settings import parse_cpu_list
 from tuner.workers.options import CPU_SERVER_ENV, RunnerOptions
 
@@ -73,22 +73,15 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_levels(args: argparse.Namespace) -> tuple[LoadLevel, ...]:
-    n = args.num_requests
+    n, warmup = args.num_requests, args.warmup
+    fixed = n if n is not None else DEFAULT_NUM_REQUESTS
     if args.rate:
-        return tuple(
-            LoadLevel(LoadKind.RATE, r, num_requests=n or DEFAULT_NUM_REQUESTS, warmup_requests=args.warmup)
-            for r in args.rate
-        )
+        return tuple(LoadLevel(LoadKind.RATE, r, num_requests=fixed, warmup_requests=warmup) for r in args.rate)
     if args.timestamps:
-        return (
-            LoadLevel(LoadKind.TIMESTAMPS, 0.0, num_requests=n or DEFAULT_NUM_REQUESTS, warmup_requests=args.warmup),
-        )
+        return (LoadLevel(LoadKind.TIMESTAMPS, 0.0, num_requests=fixed, warmup_requests=warmup),)
     return tuple(
         LoadLevel(
-            LoadKind.CONCURRENCY,
-            c,
-            num_requests=n if n is not None else max(DEFAULT_NUM_REQUESTS, REQUESTS_PER_SLOT * c),
-            warmup_requests=args.warmup,
+            LoadKind.CONCURRENCY, c, num_requests=fixed if n is not None else window_requests(c), warmup_requests=warmup
         )
         for c in args.concurrency or [1]
     )
