@@ -13,7 +13,6 @@ tokenizers give on English and code); the replay always takes output lengths fro
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -21,10 +20,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+from tuner import json_input
 from tuner.domain import TrafficFormat, TrafficRequest, fingerprint, percentile
 
 CHARS_PER_TOKEN = 4.0
 MAX_ERRORS_REPORTED = 20
+# Bounds that make a sample replayable: an arrival offset past a week, or a token count past any context, is a
+# mistake found here rather than in a trial hours later.
+MAX_ARRIVAL_S = 7 * 86400.0
+MAX_TOKENS = 10_000_000
+MAX_TEMPERATURE = 100.0
 
 
 @dataclass(frozen=True)
@@ -55,9 +62,12 @@ def parse_traffic(data: bytes | str, filename: str | None = None) -> list[Traffi
     looks_json = stripped[0] == "[" or (filename or "").endswith(".json")
     if looks_json or (stripped[0] == "{" and _single_json_document(stripped)):
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TrafficError(f"invalid JSON: {e.msg}", [LineError(e.lineno, e.msg)]) from None
+            doc = json_input.loads(text)
+        except json_input.JsonInputError as e:
+            # a syntax error has a line; a refused value has a path whose first step is the item
+            steps = e.path[1:] if e.path[:1] == ("requests",) else e.path
+            line = e.line or (steps[0] + 1 if steps and isinstance(steps[0], int) else 1)
+            raise TrafficError(f"{e.message} (at {e.field})", [LineError(line, e.message)]) from None
         if isinstance(doc, Mapping) and isinstance(doc.get("requests"), list):
             doc = doc["requests"]
         if isinstance(doc, Mapping):
@@ -72,17 +82,17 @@ def parse_traffic(data: bytes | str, filename: str | None = None) -> list[Traffi
             if not line.strip():
                 continue
             try:
-                items.append((n, json.loads(line)))
-            except json.JSONDecodeError as e:
-                bad.append(LineError(n, f"invalid JSON: {e.msg}"))
+                items.append((n, json_input.loads(line)))
+            except json_input.JsonInputError as e:
+                bad.append(LineError(n, e.message if not e.path else f"{e.field}: {e.message}"))
         return _convert(items, bad)
     return _convert(items)
 
 
 def _single_json_document(text: str) -> bool:
     try:
-        json.loads(text)
-    except json.JSONDecodeError:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
         return False
     return True
 
@@ -117,17 +127,18 @@ def _opt_int(item: Mapping[str, Any], key: str) -> int | None:
     v = item.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"'{key}' must be a positive integer")
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_TOKENS:
+        raise ValueError(f"'{key}' must be an integer from 1 to {MAX_TOKENS}")
     return v
 
 
-def _opt_float(item: Mapping[str, Any], key: str, lo: float = 0.0) -> float | None:
+def _opt_float(item: Mapping[str, Any], key: str, hi: float, lo: float = 0.0) -> float | None:
     v = item.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo:
-        raise ValueError(f"'{key}' must be a number >= {lo:g}")
+    # math.isfinite: items decoded elsewhere (Python's json) may still carry NaN or Infinity
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise ValueError(f"'{key}' must be a number from {lo:g} to {hi:g}")
     return float(v)
 
 
@@ -135,10 +146,10 @@ def request_from_json(item: Any) -> TrafficRequest | None:
     """One request from any accepted shape; None for a ShareGPT conversation with no usable turn."""
     if not isinstance(item, Mapping):
         raise ValueError("a request must be a JSON object")
-    arrival = _opt_float(item, "arrival_s")
+    arrival = _opt_float(item, "arrival_s", MAX_ARRIVAL_S)
     if arrival is None:
-        arrival = _opt_float(item, "timestamp")
-    temperature = _opt_float(item, "temperature")
+        arrival = _opt_float(item, "timestamp", MAX_ARRIVAL_S)
+    temperature = _opt_float(item, "temperature", MAX_TEMPERATURE)
     if "conversations" in item:
         return _sharegpt(item, arrival)
     if "messages" in item:
@@ -146,8 +157,10 @@ def request_from_json(item: Any) -> TrafficRequest | None:
         if not isinstance(messages, list) or not messages:
             raise ValueError("'messages' must be a non-empty list")
         for m in messages:
-            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-                raise ValueError("each message needs 'role' and 'content'")
+            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or "content" not in m:
+                raise ValueError("each message needs a string 'role' and a 'content'")
+            if not isinstance(m["content"], str | list):
+                raise ValueError("a message's 'content' must be a string or a list of parts")
         return TrafficRequest(
             format=TrafficFormat.CHAT,
             messages=tuple(messages),

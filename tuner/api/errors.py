@@ -91,7 +91,13 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return problem(exc.status_code, str(exc.detail), instance=request.url.path, headers=exc.headers)
+        return problem(
+            exc.status_code,
+            str(exc.detail),
+            instance=request.url.path,
+            headers=exc.headers,
+            errors=getattr(exc, "errors", ()),
+        )
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

@@ -23,6 +23,7 @@ from tuner.domain import (
 from tuner.load_levels import window_requests
 
 PositiveMs = Annotated[float, Field(gt=0, le=3_600_000)]
+MAX_DRAFTS = 8  # draft checkpoints per method: each is at least one server start
 
 
 class Strict(BaseModel):
@@ -48,9 +49,13 @@ class BudgetIn(Strict):
 
 
 class SearchIn(Strict):
-    methods: list[Method] | None = Field(default=None, min_length=1, description="Restrict the search to these.")
+    methods: list[Method] | None = Field(
+        default=None, min_length=1, max_length=len(Method), description="Restrict the search to these."
+    )
     depth_range: tuple[int, int] | None = Field(default=None, description="Inclusive [min, max] speculative depth.")
-    drafts: dict[Method, list[str]] = Field(default_factory=dict, description="Draft checkpoints per method.")
+    drafts: dict[Method, Annotated[list[str], Field(max_length=MAX_DRAFTS)]] = Field(
+        default_factory=dict, description="Draft checkpoints per method."
+    )
     compat_overrides: dict[Method, bool] = Field(
         default_factory=dict,
         description="Override the hardware/vLLM compatibility table (tuner/search/compat.py) for this job: "
@@ -85,7 +90,9 @@ class ServingIn(Strict):
         default_factory=dict,
         description="vLLM serve arguments, snake_case, from the allowlist: " + ", ".join(sorted(SERVING_ARG_TYPES)),
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Environment such as VLLM_ROCM_USE_AITER=1.")
+    env: dict[str, str] = Field(
+        default_factory=dict, max_length=64, description="Environment such as VLLM_ROCM_USE_AITER=1."
+    )
 
     @field_validator("args")
     @classmethod
@@ -140,7 +147,9 @@ class TuneIn(Strict):
     objective: Objective = Objective.THROUGHPUT
     slo: SLOIn = Field(default_factory=SLOIn)
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(default=None, min_length=1, max_length=16)
-    request_rate: list[Annotated[float, Field(gt=0, le=10_000)]] | None = Field(default=None, min_length=1)
+    request_rate: list[Annotated[float, Field(gt=0, le=10_000, allow_inf_nan=False)]] | None = Field(
+        default=None, min_length=1, max_length=16
+    )
     timed_replay: bool = Field(default=False, description="Replay the sample's own arrival times.")
     num_requests: int = Field(default=32, ge=1, le=100_000, description="Measured requests per load level.")
     warmup_requests: int = Field(default=2, ge=0, le=1000)
@@ -156,9 +165,10 @@ class TuneIn(Strict):
         description="Fresh-server re-measurements of the baseline, the winner and the schedule (at least 3).",
     )
     correctness_prompts: int = Field(default=4, ge=0, le=64)
-    seed: int = Field(default=0, ge=0)
-    level_weights: dict[str, Annotated[float, Field(ge=0)]] | None = Field(
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Optuna's and vLLM's seed (numpy's range).")
+    level_weights: dict[Annotated[str, Field(max_length=40)], Annotated[float, Field(ge=0, le=1e6)]] | None = Field(
         default=None,
+        max_length=16,
         description="Each load level's share of production traffic, keyed by level ('c8', 'r2.5', or the bare "
         "concurrency '8'); the objective is the weighted geometric mean of per-level speedups. Default: equal.",
     )

@@ -7,12 +7,13 @@ from starlette.concurrency import run_in_threadpool
 
 from tuner import tuning
 from tuner.api.deps import CanRead, CanTune, SessionDep
+from tuner.api.limits import CheckedJsonRoute
 from tuner.api.schemas import TrafficOut
 from tuner.errors import InvalidInput, PayloadTooLarge
 from tuner.store.models import TrafficSampleRow
 from tuner.traffic import TrafficError, parse_traffic
 
-router = APIRouter(tags=["traffic"])
+router = APIRouter(tags=["traffic"], route_class=CheckedJsonRoute)
 
 
 def traffic_out(row: TrafficSampleRow) -> TrafficOut:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from tuner import tuning
 from tuner.api.deps import CanRead, CanTune, SessionDep, SettingsDep
+from tuner.api.limits import CheckedJsonRoute
 from tuner.api.schemas import JobOut, TrialOut, TuneIn
 from tuner.domain import Engine, JobSpec, JobStatus, ModelRef, SpecConfig, TrafficRequest, fingerprint, from_jsonable
 from tuner.errors import InvalidInput
@@ -18,7 +19,7 @@ from tuner.settings import Settings
 from tuner.store.models import JobRow, TrialRow
 from tuner.traffic import TrafficError, parse_items
 
-router = APIRouter(tags=["tune"])
+router = APIRouter(tags=["tune"], route_class=CheckedJsonRoute)
 
 
 def job_out(row: JobRow) -> JobOut:
