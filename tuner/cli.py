@@ -74,15 +74,19 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     from tuner.auth import create_token, revoke_token
+    from tuner.errors import TunerError
     from tuner.store.db import make_engine, make_session_factory, transaction
 
     engine = make_engine(settings.db_url)
     try:
         with transaction(make_session_factory(engine)) as s:
             if args.action == "create":
-                print(create_token(s, args.name, args.scope or ["read"]))
+                print(create_token(s, args.name, args.scope or ["read"], team=args.team))
             else:
                 print(f"revoked {revoke_token(s, args.name)} token(s)")
+    except TunerError as e:
+        print(f"tuner token: {e.detail}", file=sys.stderr)
+        return 2
     finally:
         engine.dispose()
     return 0
@@ -116,10 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("revision", nargs="?")
     d.set_defaults(func=cmd_db)
 
+    from tuner.auth import Scope
+    from tuner.store.models import DEFAULT_TEAM
+
     t = sub.add_parser("token", help="API tokens")
     t.add_argument("action", choices=["create", "revoke"])
-    t.add_argument("--name", required=True)
-    t.add_argument("--scope", action="append", choices=["tune", "read"])
+    t.add_argument("--name", default="default", help="what the token is for (revoke takes it); default: default")
+    t.add_argument(
+        "--scope",
+        action="append",
+        choices=[sc.value for sc in Scope],
+        help="repeatable; default: read. admin reads, cancels and deletes every team's jobs and samples",
+    )
+    t.add_argument("--team", default=DEFAULT_TEAM, help="the team the token works for (default: default)")
     t.set_defaults(func=cmd_token)
 
     m = sub.add_parser("demo", help="the quickstart: tune a model on sample traffic and print the recommendation")

@@ -270,6 +270,7 @@ def find(
     engine: Engine = Engine.VLLM,
     revision: str | None = None,
     serving: str | None = None,
+    team: str | None = None,
 ) -> dict[str, Any]:
     """The newest matching recommendation, with its history and staleness, as the API returns it.
 
@@ -277,6 +278,9 @@ def find(
     known to the store stands for its class, and an answer measured on that very sample ranks first.
     ``serving`` is a serving key (``serving_key`` in a response): the production configuration is part of the
     recommendation's key, so answers for other configurations are listed, never silently substituted.
+    Recommendations are every team's, samples are not: with ``team``, only that team's samples stand for their
+    class, and another team's sample id or fingerprint is matched like any other string (against the
+    recommendations' own fingerprints and classes), so it reveals nothing the caller could not read anyway.
     """
     q = select(RecommendationRow).where(RecommendationRow.model == model, RecommendationRow.engine == engine.value)
     if hardware and hardware != "auto":
@@ -287,12 +291,12 @@ def find(
         q = q.where(RecommendationRow.serving_key == serving)
     sample_fp: str | None = None
     if workload:
-        sample = (
-            session.get(TrafficSampleRow, workload)
-            or session.scalars(
-                select(TrafficSampleRow).where(TrafficSampleRow.fingerprint == workload).limit(1)
-            ).first()
+        own = select(TrafficSampleRow).where(
+            (TrafficSampleRow.id == workload) | (TrafficSampleRow.fingerprint == workload)
         )
+        if team is not None:
+            own = own.where(TrafficSampleRow.team == team)
+        sample = session.scalars(own.order_by((TrafficSampleRow.id == workload).desc()).limit(1)).first()
         if sample is not None:
             sample_fp = sample.fingerprint
             q = q.where(

@@ -27,7 +27,7 @@ from tuner.domain import (
     to_jsonable,
 )
 from tuner.errors import Conflict, InvalidInput, NotFound
-from tuner.store.models import JobRow, TrafficSampleRow, TrialRow, WorkerRow
+from tuner.store.models import DEFAULT_TEAM, JobRow, TrafficSampleRow, TrialRow, WorkerRow
 from tuner.traffic import requests_from_json, requests_to_json, sample_fingerprint, sample_stats
 
 
@@ -55,6 +55,7 @@ def create_traffic(
     *,
     name: str | None = None,
     retention_days: float | None = None,
+    team: str = DEFAULT_TEAM,
 ) -> TrafficSampleRow:
     if not requests:
         raise InvalidInput("the traffic sample holds no request", errors=[{"field": "traffic"}])
@@ -63,6 +64,7 @@ def create_traffic(
     row = TrafficSampleRow(
         id=new_id(),
         name=name,
+        team=team,
         content=requests_to_json(requests),
         fingerprint=sample_fingerprint(requests),
         workload_class=stats.workload_class,
@@ -76,27 +78,51 @@ def create_traffic(
     return row
 
 
-def get_traffic(session: Session, traffic_id: str) -> TrafficSampleRow:
+def get_traffic(session: Session, traffic_id: str, team: str | None = None) -> TrafficSampleRow:
+    """The sample, if ``team`` owns it (None: any team). Another team's sample is as absent as an unknown id."""
     row = session.get(TrafficSampleRow, traffic_id)
-    if row is None:
+    if row is None or (team is not None and row.team != team):
         raise NotFound(f"no traffic sample {traffic_id}")
     return row
 
 
-def traffic_requests(session: Session, traffic_id: str) -> list[TrafficRequest]:
-    row = get_traffic(session, traffic_id)
+def traffic_requests(session: Session, traffic_id: str, team: str | None = None) -> list[TrafficRequest]:
+    row = get_traffic(session, traffic_id, team)
     if row.content is None:
         raise Conflict(f"traffic sample {traffic_id} had its prompts deleted; upload it again to tune on it")
     return requests_from_json(row.content)
 
 
-def delete_traffic_content(session: Session, traffic_id: str) -> TrafficSampleRow:
-    """Remove the prompts (they can hold user data); keep stats and fingerprint for recommendations."""
-    row = get_traffic(session, traffic_id)
+def delete_traffic_content(session: Session, traffic_id: str, team: str | None = None) -> TrafficSampleRow:
+    """Remove the prompts and what was derived from them (they can hold user data): the baseline trials'
+    greedy outputs, kept as the correctness reference. Stats and fingerprint stay, for recommendations.
+
+    A sample a queued or running job still replays is a 409: its runner holds the prompts in memory and would
+    write new reference outputs after the delete. Cancel the job first.
+    """
+    row = get_traffic(session, traffic_id, team)
+    active = session.scalars(
+        select(JobRow.id).where(
+            JobRow.traffic_id == traffic_id,
+            JobRow.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value]),
+        )
+    ).all()
+    if active:
+        raise Conflict(f"traffic sample {traffic_id} is in use by job(s) {', '.join(active)}; cancel them first")
+    _forget_outputs(session, traffic_id)
     if row.content is not None:
         row.content = None
         row.content_deleted_at = _now()
     return row
+
+
+def _forget_outputs(session: Session, traffic_id: str) -> None:
+    trials = session.scalars(
+        select(TrialRow).join(JobRow, TrialRow.job_id == JobRow.id).where(JobRow.traffic_id == traffic_id)
+    )
+    for trial in trials:
+        if trial.result and trial.result.get("reference_outputs"):
+            trial.result = {**trial.result, "reference_outputs": None}
 
 
 def purge_expired_traffic(session: Session, now: datetime | None = None) -> int:
@@ -108,18 +134,29 @@ def purge_expired_traffic(session: Session, now: datetime | None = None) -> int:
             TrafficSampleRow.content.is_not(None),
         )
     ).all()
+    purged = 0
     for row in rows:
-        row.content = None
-        row.content_deleted_at = now
-    return len(rows)
+        try:
+            delete_traffic_content(session, row.id)  # refuses before it changes anything
+        except Conflict:
+            continue  # a job still replays it: purged on a later pass, once the job has ended
+        purged += 1
+    return purged
 
 
 # --------------------------------------------------------------------------------------------------
 # Jobs
 # --------------------------------------------------------------------------------------------------
-def job_for_idempotency_key(session: Session, key: str, request_fingerprint: str) -> JobRow | None:
+def _team_key(team: str, key: str) -> str:
+    """Idempotency keys are the client's; two teams choosing the same key must not meet."""
+    return f"{team}/{key}"
+
+
+def job_for_idempotency_key(
+    session: Session, key: str, request_fingerprint: str, team: str = DEFAULT_TEAM
+) -> JobRow | None:
     """The job an earlier POST with this key created, if any; a different body under the same key is a 409."""
-    existing = session.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
+    existing = session.scalars(select(JobRow).where(JobRow.idempotency_key == _team_key(team, key))).first()
     if existing is not None and existing.request_fingerprint != request_fingerprint:
         raise Conflict("this Idempotency-Key was already used with a different request body")
     return existing
@@ -131,6 +168,7 @@ def submit_job(
     *,
     idempotency_key: str | None = None,
     request_fingerprint: str | None = None,
+    team: str = DEFAULT_TEAM,
 ) -> tuple[JobRow, bool]:
     """Queue a job. With an idempotency key, a retried POST of the same body returns the same job.
 
@@ -140,14 +178,15 @@ def submit_job(
     body = to_jsonable(spec)
     body_fp = request_fingerprint or fingerprint(body)
     if idempotency_key:
-        existing = job_for_idempotency_key(session, idempotency_key, body_fp)
+        existing = job_for_idempotency_key(session, idempotency_key, body_fp, team)
         if existing is not None:
             return existing, False
-    traffic = get_traffic(session, spec.traffic_id)
+    traffic = get_traffic(session, spec.traffic_id, team)
     if traffic.content is None:
         raise Conflict(f"traffic sample {spec.traffic_id} had its prompts deleted")
     row = JobRow(
         id=new_id(),
+        team=team,
         model=spec.model.name,
         revision=spec.model.revision,
         hardware=spec.hardware,
@@ -159,7 +198,7 @@ def submit_job(
         budget=body["budget"],
         spec=body,
         status=JobStatus.QUEUED.value,
-        idempotency_key=idempotency_key,
+        idempotency_key=_team_key(team, idempotency_key) if idempotency_key else None,
         request_fingerprint=body_fp,
         created_at=_now(),
         progress={"trials_finished": 0, "trials_failed": 0, "max_trials": spec.budget.max_trials},
@@ -173,21 +212,22 @@ def job_spec(row: JobRow) -> JobSpec:
     return from_jsonable(JobSpec, row.spec)
 
 
-def get_job(session: Session, job_id: str) -> JobRow:
+def get_job(session: Session, job_id: str, team: str | None = None) -> JobRow:
+    """The job, if ``team`` owns it (None: any team). Another team's job is as absent as an unknown id."""
     row = session.get(JobRow, job_id)
-    if row is None:
+    if row is None or (team is not None and row.team != team):
         raise NotFound(f"no tune job {job_id}")
     return row
 
 
-def list_trials(session: Session, job_id: str) -> list[TrialRow]:
-    get_job(session, job_id)
+def list_trials(session: Session, job_id: str, team: str | None = None) -> list[TrialRow]:
+    get_job(session, job_id, team)
     return list(session.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.number)))
 
 
-def request_cancel(session: Session, job_id: str) -> JobRow:
+def request_cancel(session: Session, job_id: str, team: str | None = None) -> JobRow:
     """Cancel from any process: a queued job ends now, a running one is stopped by its runner."""
-    row = get_job(session, job_id)
+    row = get_job(session, job_id, team)
     if JobStatus(row.status).is_finished():
         raise Conflict(f"job {job_id} is already {row.status}")
     row.cancel_requested = True

@@ -140,6 +140,7 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
         confirm_runs=spec.confirm_runs,
         level_weights=spec.level_weights,
         max_num_seqs=int(max_num_seqs) if max_num_seqs else None,
+        keep_outputs=False,  # the trial rows hold them, where DELETE /traffic removes them
     )
 
 

@@ -62,17 +62,18 @@ def test_a_failed_commit_is_never_acknowledged(api: Api) -> None:
     )
     assert job.status_code == 202, job.text
     job_id = job.json()["id"]
+    unused = _upload(api)  # a sample a queued job replays cannot be deleted (409): delete one no job uses
     undo = _fail_commits(api, IntegrityError("COMMIT", {}, Exception("constraint violated")))
 
     cancel = api.client.post(f"/tune/{job_id}/cancel", headers=api.tune)
-    delete = api.client.delete(f"/traffic/{traffic_id}", headers=api.tune)
+    delete = api.client.delete(f"/traffic/{unused}", headers=api.tune)
     for r in (cancel, delete):
         assert r.status_code == 500, r.text
         assert r.json()["correlation_id"] and "constraint" not in r.json()["detail"]
 
     undo()  # the database works again: nothing of the refused writes was stored
     assert api.client.get(f"/tune/{job_id}", headers=api.tune).json()["cancel_requested"] is False
-    assert api.client.get(f"/traffic/{traffic_id}", headers=api.tune).json()["prompts_deleted"] is False
+    assert api.client.get(f"/traffic/{unused}", headers=api.tune).json()["prompts_deleted"] is False
 
 
 def test_a_client_request_id_is_echoed(api: Api) -> None:

@@ -306,3 +306,22 @@ def test_rate_levels_get_no_schedule():
         planner.tell(p.number, r)
     out = planner.outcome()
     assert out.schedule is None and any("not closed-loop" in n for n in out.notes)
+
+
+def test_keep_outputs_false_keeps_greedy_outputs_out_of_the_study():
+    """The service's planner: the baseline's outputs (derived from user prompts) never reach Optuna's tables,
+    and the planner still hands them to later trials."""
+    planner = OptunaPlanner(space(), LEVELS, budget=Budget(max_trials=3), study_name="k", keep_outputs=False)
+    first = planner.ask()
+    assert first is not None and first.spec.is_off
+    result = FakeEngine()(TrialSpec(model=ModelRef("m"), spec=first.spec, levels=LEVELS, requests=()))
+    assert result.reference_outputs
+    planner.tell(first.number, result)
+    stored = planner.study.trials[first.number].user_attrs["result"]
+    assert stored["reference_outputs"] is None and stored["levels"]
+    assert planner.baseline_reference() == result.reference_outputs
+    kept = OptunaPlanner(space(), LEVELS, budget=Budget(max_trials=3), study_name="k2")
+    p = kept.ask()
+    assert p is not None
+    kept.tell(p.number, result)
+    assert kept.study.trials[p.number].user_attrs["result"]["reference_outputs"]

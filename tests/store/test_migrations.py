@@ -3,8 +3,10 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.orm import Session
 
+from tuner.auth import hash_token, principal_for
 from tuner.store import migrate
 from tuner.store.models import Base
 
@@ -55,3 +57,45 @@ def test_optuna_tables_live_beside_ours_without_drift(empty_db_url: str) -> None
     migrate.upgrade(empty_db_url)  # idempotent with Optuna present
     migrate.downgrade(empty_db_url, "base")
     assert "studies" in _tables(empty_db_url)  # downgrading ours never touches Optuna's
+
+
+@pytest.mark.parametrize("empty_db_url", ["sqlite", "postgresql"], indirect=True)
+def test_rows_made_before_teams_belong_to_the_default_team(empty_db_url: str) -> None:
+    migrate.upgrade(empty_db_url, "0001")
+    engine = create_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO tuner_api_tokens (name, token_hash, scopes, created_at) "
+                    "VALUES ('old', :h, '[\"read\"]', CURRENT_TIMESTAMP)"
+                ),
+                {"h": hash_token("stk_old")},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO tuner_traffic_samples (id, fingerprint, workload_class, request_count, stats, "
+                    "created_at) VALUES ('s1', 'fp', 'text', 1, '{}', CURRENT_TIMESTAMP)"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO tuner_jobs (id, model, hardware, engine, traffic_id, objective, slo, levels, budget, "
+                    "spec, status, idempotency_key, request_fingerprint, cancel_requested, attempts, created_at) "
+                    "VALUES ('j1', 'm', 'auto', 'vllm', 's1', 'throughput', '{}', '[]', '{}', '{}', 'queued', 'k1', "
+                    "'fp', false, 0, CURRENT_TIMESTAMP)"
+                )
+            )
+        migrate.upgrade(empty_db_url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT team FROM tuner_jobs")).scalar() == "default"
+            assert conn.execute(text("SELECT team FROM tuner_traffic_samples")).scalar() == "default"
+            assert conn.execute(text("SELECT idempotency_key FROM tuner_jobs")).scalar() == "default/k1"
+        with Session(engine) as s:
+            principal = principal_for(s, "stk_old")
+            assert principal is not None and principal.team == "default" and principal.scopes == {"read"}
+        migrate.downgrade(empty_db_url, "0001")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT idempotency_key FROM tuner_jobs")).scalar() == "k1"
+    finally:
+        engine.dispose()

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from tuner.api import errors
+from tuner.api.authenticate import Authenticate
 from tuner.api.limits import BodyLimit
 from tuner.api.metrics import StoreCollector
 from tuner.api.routes import health, recommendation, traffic, tune
@@ -55,6 +56,8 @@ def create_app(settings: Settings | None = None, *, background: BackgroundFactor
     )
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_traffic_bytes + settings.max_request_overhead_bytes)
+    # added last, so outermost: an unauthenticated request is refused before its size is even looked at
+    app.add_middleware(Authenticate, open_mode=settings.auth is AuthMode.OPEN)
     for module in (tune, traffic, recommendation, health):
         app.include_router(module.router)
     return app

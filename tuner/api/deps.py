@@ -1,4 +1,4 @@
-"""Typed dependencies: the request's session (the one place the API commits) and scope checks."""
+"""Typed dependencies: the request's session (the one place the API commits) and who the request speaks for."""
 
 from __future__ import annotations
 
@@ -6,12 +6,17 @@ from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from tuner.auth import Scope, token_scopes
+from tuner.auth import Principal, Scope
 from tuner.errors import Forbidden, Unauthorized
-from tuner.settings import AuthMode, Settings
+from tuner.settings import Settings
 from tuner.store.db import transaction
+
+# Declares the bearer scheme in the OpenAPI schema; the token itself was checked by the Authenticate middleware
+# (tuner/api/authenticate.py) before the body was read.
+_bearer = HTTPBearer(auto_error=False, description="An API token: `tuner token create NAME --scope ...`")
 
 
 def get_settings(request: Request) -> Settings:
@@ -34,23 +39,17 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-def require(scope: Scope) -> Callable[..., None]:
-    def check(request: Request, settings: SettingsDep) -> None:
-        if settings.auth is AuthMode.OPEN:
-            return
-        header = request.headers.get("authorization", "")
-        kind, _, secret = header.partition(" ")
-        if kind.lower() != "bearer" or not secret.strip():
+def require(scope: Scope) -> Callable[..., Principal]:
+    def check(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+        principal: Principal | None = getattr(request.state, "principal", None)
+        if principal is None:  # only a public path reaches a route unauthenticated; none of them requires a scope
             raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
-        with request.app.state.session_factory() as session:
-            scopes = token_scopes(session, secret.strip())
-        if scopes is None:
-            raise Unauthorized("the bearer token is unknown or revoked")
-        if scope.value not in scopes:
+        if not principal.allows(scope):
             raise Forbidden(f"this token lacks the '{scope.value}' scope")
+        return principal
 
     return check
 
 
-CanTune = Depends(require(Scope.TUNE))
-CanRead = Depends(require(Scope.READ))
+Reader = Annotated[Principal, Depends(require(Scope.READ))]
+Writer = Annotated[Principal, Depends(require(Scope.TUNE))]

@@ -37,6 +37,7 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -98,7 +99,9 @@ class OptunaPlanner:
     it from repeated measurements of one config, search repeats and confirmation runs alike (3% until
     there are any). ``confirm_runs`` (default 3, as issue 4 asks; 0 disables confirmation, and with it any
     schedule) is how often each confirmation target is re-measured on a fresh server. ``max_num_seqs`` ends
-    the schedule's last range (1024 when None).
+    the schedule's last range (1024 when None). ``keep_outputs=False`` keeps the baseline's greedy outputs
+    (derived from user prompts) out of the study: the service stores them once, on its trial rows, so that
+    deleting a sample can delete them; a resumed study then has them only from this process's ``tell``.
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class OptunaPlanner:
         noise: float | None = None,
         max_num_seqs: int | None = None,
         n_startup_trials: int = 4,
+        keep_outputs: bool = True,
     ) -> None:
         if not levels:
             raise ValueError("at least one load level is needed")
@@ -130,6 +134,8 @@ class OptunaPlanner:
         self.weights = weights_for(self.labels, level_weights)
         self.noise = noise
         self.max_num_seqs = max_num_seqs
+        self.keep_outputs = keep_outputs
+        self._reference: tuple[tuple[int, ...], ...] | None = None
         self._lock = threading.RLock()
         self._cache: dict[int, Record] = {}
         with warnings.catch_warnings():
@@ -183,7 +189,10 @@ class OptunaPlanner:
             if t.state.is_finished() or "result" in t.user_attrs or "spec" not in t.user_attrs:
                 return
             trial = optuna.trial.Trial(self.study, t._trial_id)
-            trial.set_user_attr("result", to_jsonable(result))
+            if result.reference_outputs and self._reference is None and result.spec.is_off:
+                self._reference = result.reference_outputs
+            kept = result if self.keep_outputs else replace(result, reference_outputs=None)
+            trial.set_user_attr("result", to_jsonable(kept))
             if result.status.has_figures():
                 # SLOs as Optuna constraints, one per level (<= 0 feasible): TPE ranks infeasible trials last
                 for label, v in zip(self.labels, constraints(result, self.slo, self.labels), strict=True):
@@ -254,6 +263,8 @@ class OptunaPlanner:
 
     def baseline_reference(self) -> tuple[tuple[int, ...], ...] | None:
         """The baseline's greedy outputs, the correctness reference for every later trial."""
+        if self._reference is not None:
+            return self._reference
         for r in self._records():
             if r.spec is not None and r.spec.is_off and r.result is not None and r.result.reference_outputs:
                 return r.result.reference_outputs

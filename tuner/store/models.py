@@ -19,6 +19,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+DEFAULT_TEAM = "default"  # where rows made before teams existed, and open-mode work, belong
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -33,6 +35,7 @@ class TrafficSampleRow(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str | None] = mapped_column(String(200))
+    team: Mapped[str] = mapped_column(String(100), index=True, server_default=DEFAULT_TEAM)  # the owner
     content: Mapped[list[Any] | None] = mapped_column(JSON)  # canonical requests; None once deleted
     content_deleted_at: Mapped[datetime | None]
     fingerprint: Mapped[str] = mapped_column(String(64), index=True)
@@ -47,6 +50,7 @@ class JobRow(Base):
     __tablename__ = "tuner_jobs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    team: Mapped[str] = mapped_column(String(100), index=True, server_default=DEFAULT_TEAM)  # the owner
     model: Mapped[str] = mapped_column(String(500), index=True)
     revision: Mapped[str | None] = mapped_column(String(200))
     hardware: Mapped[str] = mapped_column(String(50))
@@ -61,7 +65,7 @@ class JobRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     best: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(320), unique=True)  # "<team>/<client's key>"
     request_fingerprint: Mapped[str] = mapped_column(String(64))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     claimed_by: Mapped[str | None] = mapped_column(String(200))
@@ -127,6 +131,7 @@ class ApiTokenRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(200))
+    team: Mapped[str] = mapped_column(String(100), server_default=DEFAULT_TEAM)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     scopes: Mapped[list[Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -7,14 +7,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from tuner import recommendations
-from tuner.api.deps import CanRead, SessionDep
+from tuner.api.deps import Reader, SessionDep
 from tuner.domain import Engine
 
 router = APIRouter(tags=["recommendation"])
 
 
-@router.get("/recommendation", dependencies=[CanRead])
+@router.get("/recommendation")
 def get_recommendation(
+    who: Reader,
     session: SessionDep,
     model: Annotated[str, Query(min_length=1, max_length=500)],
     hardware: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9_-]{0,49}$")] = None,
@@ -38,4 +39,5 @@ def get_recommendation(
         engine=engine,
         revision=revision,
         serving=serving_key,
+        team=who.team_filter,
     )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, status
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, status
 from starlette.concurrency import run_in_threadpool
 
 from tuner import tuning
-from tuner.api.deps import CanRead, CanTune, SessionDep
+from tuner.api.deps import Reader, SessionDep, Writer
 from tuner.api.limits import CheckedJsonRoute
 from tuner.api.schemas import TrafficOut
 from tuner.errors import InvalidInput, PayloadTooLarge
@@ -46,7 +48,6 @@ async def _read_limited(request: Request, limit: int) -> bytes:
 @router.post(
     "/traffic",
     status_code=status.HTTP_201_CREATED,
-    dependencies=[CanTune],
     response_model=TrafficOut,
     openapi_extra={
         "requestBody": {
@@ -58,7 +59,9 @@ async def _read_limited(request: Request, limit: int) -> bytes:
         }
     },
 )
-async def upload_traffic(request: Request, session: SessionDep, name: str | None = None) -> TrafficOut:
+async def upload_traffic(
+    request: Request, who: Writer, session: SessionDep, name: Annotated[str | None, Query(max_length=200)] = None
+) -> TrafficOut:
     """Upload a sample as JSONL or JSON: OpenAI chat requests, vLLM custom bench lines, or ShareGPT JSON."""
     settings = request.app.state.settings
     data = await _read_limited(request, settings.max_traffic_bytes)
@@ -77,17 +80,20 @@ async def upload_traffic(request: Request, session: SessionDep, name: str | None
             raise InvalidInput(
                 str(e), errors=[{"field": f"line {le.line}", "line": le.line, "message": le.message} for le in e.errors]
             ) from None
-        row = tuning.create_traffic(session, requests, name=name, retention_days=settings.traffic_retention_days)
+        row = tuning.create_traffic(
+            session, requests, name=name, retention_days=settings.traffic_retention_days, team=who.team
+        )
         return traffic_out(row)
 
     return await run_in_threadpool(work)
 
 
-@router.get("/traffic/{traffic_id}", dependencies=[CanRead], response_model=TrafficOut)
-def get_traffic(traffic_id: str, session: SessionDep) -> TrafficOut:
-    return traffic_out(tuning.get_traffic(session, traffic_id))
+@router.get("/traffic/{traffic_id}", response_model=TrafficOut)
+def get_traffic(traffic_id: str, who: Reader, session: SessionDep) -> TrafficOut:
+    return traffic_out(tuning.get_traffic(session, traffic_id, who.team_filter))
 
 
-@router.delete("/traffic/{traffic_id}", dependencies=[CanTune], response_model=TrafficOut)
-def delete_traffic(traffic_id: str, session: SessionDep) -> TrafficOut:
-    return traffic_out(tuning.delete_traffic_content(session, traffic_id))
+@router.delete("/traffic/{traffic_id}", response_model=TrafficOut)
+def delete_traffic(traffic_id: str, who: Writer, session: SessionDep) -> TrafficOut:
+    """Delete the sample's prompts and everything derived from them (the baseline's reference outputs)."""
+    return traffic_out(tuning.delete_traffic_content(session, traffic_id, who.team_filter))

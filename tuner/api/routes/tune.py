@@ -9,7 +9,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tuner import tuning
-from tuner.api.deps import CanRead, CanTune, SessionDep, SettingsDep
+from tuner.api.deps import Reader, SessionDep, SettingsDep, Writer
 from tuner.api.limits import CheckedJsonRoute
 from tuner.api.schemas import JobOut, TrialOut, TuneIn
 from tuner.domain import Engine, JobSpec, JobStatus, ModelRef, SpecConfig, TrafficRequest, fingerprint, from_jsonable
@@ -70,9 +70,10 @@ def trial_out(row: TrialRow) -> TrialOut:
     )
 
 
-@router.post("/tune", status_code=status.HTTP_202_ACCEPTED, dependencies=[CanTune], response_model=JobOut)
+@router.post("/tune", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
 def create_tune_job(
     body: TuneIn,
+    who: Writer,
     session: SessionDep,
     settings: SettingsDep,
     response: Response,
@@ -90,15 +91,17 @@ def create_tune_job(
         )
     request_fp = fingerprint(body.model_dump(mode="json"))
     if idempotency_key:
-        existing = tuning.job_for_idempotency_key(session, idempotency_key, request_fp)
+        existing = tuning.job_for_idempotency_key(session, idempotency_key, request_fp, who.team)
         if existing is not None:
             return _located(job_out(existing), response, created=False)
     try:
-        row, created = _submit(body, session, settings, idempotency_key, request_fp)
+        row, created = _submit(body, session, settings, idempotency_key, request_fp, who.team)
     except IntegrityError:
         # A twin POST with the same key committed first: drop this attempt (its inline sample too), answer theirs.
         session.rollback()
-        existing = tuning.job_for_idempotency_key(session, idempotency_key, request_fp) if idempotency_key else None
+        existing = (
+            tuning.job_for_idempotency_key(session, idempotency_key, request_fp, who.team) if idempotency_key else None
+        )
         if existing is None:
             raise
         return _located(job_out(existing), response, created=False)
@@ -129,14 +132,16 @@ def _inline_traffic(items: list[dict[str, Any]], settings: Settings) -> list[Tra
 
 
 def _submit(
-    body: TuneIn, session: Session, settings: Settings, idempotency_key: str | None, request_fp: str
+    body: TuneIn, session: Session, settings: Settings, idempotency_key: str | None, request_fp: str, team: str
 ) -> tuple[JobRow, bool]:
     if isinstance(body.traffic, list):
         requests = _inline_traffic(body.traffic, settings)
-        traffic_id = tuning.create_traffic(session, requests, retention_days=settings.traffic_retention_days).id
+        traffic_id = tuning.create_traffic(
+            session, requests, retention_days=settings.traffic_retention_days, team=team
+        ).id
     else:
         traffic_id = body.traffic
-        requests = tuning.traffic_requests(session, traffic_id)
+        requests = tuning.traffic_requests(session, traffic_id, team)  # another team's sample is a 404
     max_num_seqs = body.serving.args.get("max_num_seqs")
     levels = body.levels() or default_levels(
         len(requests),
@@ -168,12 +173,12 @@ def _submit(
         level_weights=weights,
         compat_overrides={m.value: allow for m, allow in body.search.compat_overrides.items()},
     )
-    return tuning.submit_job(session, spec, idempotency_key=idempotency_key, request_fingerprint=request_fp)
+    return tuning.submit_job(session, spec, idempotency_key=idempotency_key, request_fingerprint=request_fp, team=team)
 
 
-@router.get("/tune/{job_id}", dependencies=[CanRead], response_model=JobOut)
-def get_tune_job(job_id: str, session: SessionDep) -> JobOut:
-    row = tuning.get_job(session, job_id)
+@router.get("/tune/{job_id}", response_model=JobOut)
+def get_tune_job(job_id: str, who: Reader, session: SessionDep) -> JobOut:
+    row = tuning.get_job(session, job_id, who.team_filter)
     out = job_out(row)
     if row.status == JobStatus.QUEUED.value and row.engine == Engine.VLLM.value and row.hardware != "auto":
         if not tuning.hardware_seen(session, row.hardware):
@@ -181,14 +186,13 @@ def get_tune_job(job_id: str, session: SessionDep) -> JobOut:
     return out
 
 
-@router.get("/tune/{job_id}/trials", dependencies=[CanRead], response_model=list[TrialOut])
-def get_tune_trials(job_id: str, session: SessionDep) -> list[TrialOut]:
-    return [trial_out(t) for t in tuning.list_trials(session, job_id)]
+@router.get("/tune/{job_id}/trials", response_model=list[TrialOut])
+def get_tune_trials(job_id: str, who: Reader, session: SessionDep) -> list[TrialOut]:
+    return [trial_out(t) for t in tuning.list_trials(session, job_id, who.team_filter)]
 
 
-@router.post(
-    "/tune/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, dependencies=[CanTune], response_model=JobOut
-)
-def cancel_tune_job(job_id: str, session: SessionDep) -> JobOut:
-    """Stop a job from any process: its runner stops running trials and their processes."""
-    return job_out(tuning.request_cancel(session, job_id))
+@router.post("/tune/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
+def cancel_tune_job(job_id: str, who: Writer, session: SessionDep) -> JobOut:
+    """Stop a job from any process: its runner stops running trials and their processes. The owning team's
+    tokens and admin tokens may; to another team the job does not exist (404)."""
+    return job_out(tuning.request_cancel(session, job_id, who.team_filter))
