@@ -42,12 +42,12 @@ def test_db_upgrade_and_token_create_work_from_the_command_line(db_url: str, tmp
     token = made.stdout.strip().splitlines()[-1]
     with TestClient(create_app(Settings(database_url=db_url, data_dir=tmp_path))) as client:
         auth = {"Authorization": f"Bearer {token}"}
-        assert client.get("/tune/none", headers=auth).status_code == 404  # read scope: allowed, nothing there
+        assert client.get("/tune/" + "0" * 32, headers=auth).status_code == 404  # read scope: allowed, nothing there
         assert client.post("/tune/none/cancel", headers=auth).status_code == 403  # no tune scope
     revoked = tuner("token", "revoke", "--name", "ci", env=env, cwd=tmp_path)
     assert "revoked 1 token" in revoked.stdout
     with TestClient(create_app(Settings(database_url=db_url, data_dir=tmp_path))) as client:
-        assert client.get("/tune/none", headers=auth).status_code == 401
+        assert client.get("/tune/" + "0" * 32, headers=auth).status_code == 401
 
 
 def test_open_access_is_explicit_and_announced(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -55,12 +55,12 @@ def test_open_access_is_explicit_and_announced(tmp_path: Path, caplog: pytest.Lo
     migrate.upgrade(url)
     with caplog.at_level(logging.WARNING, logger="tuner.api"):
         with TestClient(create_app(Settings(database_url=url, data_dir=tmp_path, auth=AuthMode.OPEN))) as client:
-            assert client.get("/tune/none").status_code == 404  # no token needed
+            assert client.get("/tune/" + "0" * 32).status_code == 404  # no token needed
     assert any("AUTH IS OFF" in r.getMessage() for r in caplog.records)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tuner.api"):
         with TestClient(create_app(Settings(database_url=url, data_dir=tmp_path))) as client:
-            assert client.get("/tune/none").status_code == 401
+            assert client.get("/tune/" + "0" * 32).status_code == 401
     assert not any("AUTH IS OFF" in r.getMessage() for r in caplog.records)
 
 

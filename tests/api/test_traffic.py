@@ -104,5 +104,8 @@ def test_delete_removes_prompts_but_keeps_stats(api: Api) -> None:
 
 
 def test_unknown_sample_is_404(api: Api) -> None:
-    assert api.client.get("/traffic/nope", headers=api.read).status_code == 404
-    assert api.client.delete("/traffic/nope", headers=api.tune).status_code == 404
+    unknown = "0" * 32
+    assert api.client.get(f"/traffic/{unknown}", headers=api.read).status_code == 404
+    assert api.client.delete(f"/traffic/{unknown}", headers=api.tune).status_code == 404
+    malformed = api.client.get("/traffic/nope%00", headers=api.read)  # never reaches a query
+    assert malformed.status_code == 422 and malformed.json()["errors"][0]["field"] == "traffic_id"

@@ -188,12 +188,16 @@ def test_a_queued_job_for_a_chip_no_worker_has_says_so(api: Api) -> None:
 
 
 def test_unknown_ids_are_404(api: Api) -> None:
-    for method, path in [("get", "/tune/nope"), ("get", "/tune/nope/trials"), ("post", "/tune/nope/cancel")]:
-        r = getattr(api.client, method)(path, headers=api.tune | api.read if method == "get" else api.tune)
+    unknown = "f" * 32
+    for method, path in [("get", "/tune/{}"), ("get", "/tune/{}/trials"), ("post", "/tune/{}/cancel")]:
+        r = getattr(api.client, method)(path.format(unknown), headers=api.tune)
         assert r.status_code == 404, path
         assert r.headers["content-type"] == "application/problem+json"
-    r = api.client.post("/tune", json=body("no-such-sample"), headers=api.tune)
+        malformed = getattr(api.client, method)(path.format("nope"), headers=api.tune)
+        assert malformed.status_code == 422 and malformed.json()["errors"][0]["field"] == "job_id"
+    r = api.client.post("/tune", json=body(unknown), headers=api.tune)
     assert r.status_code == 404
+    assert api.client.post("/tune", json=body("no-such-sample"), headers=api.tune).status_code == 422
 
 
 def test_auth_missing_wrong_and_scoped(api: Api) -> None:
@@ -238,7 +242,7 @@ def test_internal_fault_is_500_problem_without_stack_trace(api: Api, monkeypatch
         raise RuntimeError("disk on fire at /secret/path")
 
     monkeypatch.setattr(tuning, "get_job", boom)
-    r = api.client.get("/tune/anything", headers=api.read)
+    r = api.client.get("/tune/" + "a" * 32, headers=api.read)
     assert r.status_code == 500
     assert r.headers["content-type"] == "application/problem+json"
     assert "Traceback" not in r.text and "/secret/path" not in r.text

@@ -60,4 +60,22 @@ def create_app(settings: Settings | None = None, *, background: BackgroundFactor
     app.add_middleware(Authenticate, open_mode=settings.auth is AuthMode.OPEN)
     for module in (tune, traffic, recommendation, health):
         app.include_router(module.router)
+    _problem_only_errors(app)
     return app
+
+
+def _problem_only_errors(app: FastAPI) -> None:
+    """Errors are problem+json only: FastAPI also lists a response model under application/json, drop that."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = build()  # cached by FastAPI after the first call; the edit below is idempotent
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                for code, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if code[:1] in "45" and errors.PROBLEM in content:
+                        content.pop("application/json", None)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise the schema

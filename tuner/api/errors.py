@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuner.errors import TunerError, Unauthorized
@@ -32,6 +33,36 @@ _TITLES = {
     503: "Service unavailable",
 }
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class Problem(BaseModel):
+    """An error, as every route returns it (RFC 9457 ``application/problem+json``)."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = Field(default=None, description="Each field or line at fault.")
+    correlation_id: str | None = Field(default=None, description="The key to the operator's log line (5xx).")
+
+
+_PROBLEM_CONTENT = {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these statuses, plus what any route can answer (401/403 from the token, 413
+    from the size limit, 422 from validation, 500/503 from the store), all problem+json."""
+    every = {401, 403, 413, 422, 500, 503}
+    return {
+        code: {"model": Problem, "description": _TITLES.get(code, "Error"), "content": _PROBLEM_CONTENT}
+        for code in sorted(every | set(statuses))
+    }
+
+
+PUBLIC_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem, "description": _TITLES[code], "content": _PROBLEM_CONTENT} for code in (500, 503)
+}
 
 
 def problem(

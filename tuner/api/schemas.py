@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tuner.domain import (
@@ -23,6 +25,12 @@ from tuner.domain import (
 from tuner.load_levels import window_requests
 
 PositiveMs = Annotated[float, Field(gt=0, le=3_600_000)]
+# Text that may reach SQL or a log line: no control characters (PostgreSQL refuses NUL in text outright).
+PLAIN = r"^[^\x00-\x1f\x7f]*$"
+# Ids are ours (uuid4 hex): anything else is malformed, answered before a query runs.
+ID_PATTERN = r"^[0-9a-f]{32}$"
+JobId = Annotated[str, Path(pattern=ID_PATTERN, description="A job id, as POST /tune returned it")]
+SampleId = Annotated[str, Path(pattern=ID_PATTERN, description="A sample id, as POST /traffic returned it")]
 MAX_DRAFTS = 8  # draft checkpoints per method: each is at least one server start
 
 
@@ -183,8 +191,8 @@ class TuneIn(Strict):
     @field_validator("traffic")
     @classmethod
     def _traffic(cls, v: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-        if isinstance(v, str) and not v.strip():
-            raise ValueError("traffic must be a sample id or a non-empty list of requests")
+        if isinstance(v, str) and not re.match(ID_PATTERN, v):
+            raise ValueError("traffic must be a sample id (as POST /traffic returned it) or a list of requests")
         if isinstance(v, list) and not v:
             raise ValueError("traffic must not be empty")
         return v

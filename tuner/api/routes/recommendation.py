@@ -8,23 +8,25 @@ from fastapi import APIRouter, Query
 
 from tuner import recommendations
 from tuner.api.deps import Reader, SessionDep
+from tuner.api.errors import problem_responses
+from tuner.api.schemas import PLAIN
 from tuner.domain import Engine
 
 router = APIRouter(tags=["recommendation"])
 
 
-@router.get("/recommendation")
+@router.get("/recommendation", responses=problem_responses(404))
 def get_recommendation(
     who: Reader,
     session: SessionDep,
-    model: Annotated[str, Query(min_length=1, max_length=500)],
+    model: Annotated[str, Query(min_length=1, max_length=500, pattern=PLAIN)],
     hardware: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9_-]{0,49}$")] = None,
     concurrency: Annotated[int | None, Query(ge=1, le=100_000)] = None,
     workload: Annotated[
-        str | None, Query(max_length=200, description="Workload class, fingerprint or sample id")
+        str | None, Query(max_length=200, pattern=PLAIN, description="Workload class, fingerprint or sample id")
     ] = None,
     engine: Annotated[Engine, Query(description="Simulated results answer only when asked for")] = Engine.VLLM,
-    revision: Annotated[str | None, Query(max_length=200)] = None,
+    revision: Annotated[str | None, Query(max_length=200, pattern=PLAIN)] = None,
     serving_key: Annotated[
         str | None,
         Query(pattern=r"^[0-9a-f]{64}$", description="The production serving configuration's key (serving_key)"),

@@ -9,8 +9,9 @@ from starlette.concurrency import run_in_threadpool
 
 from tuner import tuning
 from tuner.api.deps import Reader, SessionDep, Writer
+from tuner.api.errors import problem_responses
 from tuner.api.limits import CheckedJsonRoute
-from tuner.api.schemas import TrafficOut
+from tuner.api.schemas import PLAIN, SampleId, TrafficOut
 from tuner.errors import InvalidInput, PayloadTooLarge
 from tuner.store.models import TrafficSampleRow
 from tuner.traffic import TrafficError, parse_traffic
@@ -49,6 +50,7 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     "/traffic",
     status_code=status.HTTP_201_CREATED,
     response_model=TrafficOut,
+    responses=problem_responses(),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -60,7 +62,10 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     },
 )
 async def upload_traffic(
-    request: Request, who: Writer, session: SessionDep, name: Annotated[str | None, Query(max_length=200)] = None
+    request: Request,
+    who: Writer,
+    session: SessionDep,
+    name: Annotated[str | None, Query(max_length=200, pattern=PLAIN)] = None,
 ) -> TrafficOut:
     """Upload a sample as JSONL or JSON: OpenAI chat requests, vLLM custom bench lines, or ShareGPT JSON."""
     settings = request.app.state.settings
@@ -88,12 +93,12 @@ async def upload_traffic(
     return await run_in_threadpool(work)
 
 
-@router.get("/traffic/{traffic_id}", response_model=TrafficOut)
-def get_traffic(traffic_id: str, who: Reader, session: SessionDep) -> TrafficOut:
+@router.get("/traffic/{traffic_id}", response_model=TrafficOut, responses=problem_responses(404))
+def get_traffic(traffic_id: SampleId, who: Reader, session: SessionDep) -> TrafficOut:
     return traffic_out(tuning.get_traffic(session, traffic_id, who.team_filter))
 
 
-@router.delete("/traffic/{traffic_id}", response_model=TrafficOut)
-def delete_traffic(traffic_id: str, who: Writer, session: SessionDep) -> TrafficOut:
+@router.delete("/traffic/{traffic_id}", response_model=TrafficOut, responses=problem_responses(404, 409))
+def delete_traffic(traffic_id: SampleId, who: Writer, session: SessionDep) -> TrafficOut:
     """Delete the sample's prompts and everything derived from them (the baseline's reference outputs)."""
     return traffic_out(tuning.delete_traffic_content(session, traffic_id, who.team_filter))

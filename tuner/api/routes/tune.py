@@ -10,8 +10,9 @@ from sqlalchemy.orm import Session
 
 from tuner import tuning
 from tuner.api.deps import Reader, SessionDep, SettingsDep, Writer
+from tuner.api.errors import problem_responses
 from tuner.api.limits import CheckedJsonRoute
-from tuner.api.schemas import JobOut, TrialOut, TuneIn
+from tuner.api.schemas import JobId, JobOut, TrialOut, TuneIn
 from tuner.domain import Engine, JobSpec, JobStatus, ModelRef, SpecConfig, TrafficRequest, fingerprint, from_jsonable
 from tuner.errors import InvalidInput
 from tuner.load_levels import default_levels
@@ -70,14 +71,20 @@ def trial_out(row: TrialRow) -> TrialOut:
     )
 
 
-@router.post("/tune", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
+@router.post(
+    "/tune",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses={200: {"model": JobOut, "description": "A retry with the same Idempotency-Key: the first job"}}
+    | problem_responses(404, 409),
+)
 def create_tune_job(
     body: TuneIn,
     who: Writer,
     session: SessionDep,
     settings: SettingsDep,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")] = None,
 ) -> JobOut:
     """Queue a tune job. Returns 202 with the job and its Location; an Idempotency-Key makes retries safe.
 
@@ -176,8 +183,8 @@ def _submit(
     return tuning.submit_job(session, spec, idempotency_key=idempotency_key, request_fingerprint=request_fp, team=team)
 
 
-@router.get("/tune/{job_id}", response_model=JobOut)
-def get_tune_job(job_id: str, who: Reader, session: SessionDep) -> JobOut:
+@router.get("/tune/{job_id}", response_model=JobOut, responses=problem_responses(404))
+def get_tune_job(job_id: JobId, who: Reader, session: SessionDep) -> JobOut:
     row = tuning.get_job(session, job_id, who.team_filter)
     out = job_out(row)
     if row.status == JobStatus.QUEUED.value and row.engine == Engine.VLLM.value and row.hardware != "auto":
@@ -186,13 +193,18 @@ def get_tune_job(job_id: str, who: Reader, session: SessionDep) -> JobOut:
     return out
 
 
-@router.get("/tune/{job_id}/trials", response_model=list[TrialOut])
-def get_tune_trials(job_id: str, who: Reader, session: SessionDep) -> list[TrialOut]:
+@router.get("/tune/{job_id}/trials", response_model=list[TrialOut], responses=problem_responses(404))
+def get_tune_trials(job_id: JobId, who: Reader, session: SessionDep) -> list[TrialOut]:
     return [trial_out(t) for t in tuning.list_trials(session, job_id, who.team_filter)]
 
 
-@router.post("/tune/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
-def cancel_tune_job(job_id: str, who: Writer, session: SessionDep) -> JobOut:
+@router.post(
+    "/tune/{job_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses=problem_responses(404, 409),
+)
+def cancel_tune_job(job_id: JobId, who: Writer, session: SessionDep) -> JobOut:
     """Stop a job from any process: its runner stops running trials and their processes. The owning team's
     tokens and admin tokens may; to another team the job does not exist (404)."""
     return job_out(tuning.request_cancel(session, job_id, who.team_filter))
