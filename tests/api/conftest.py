@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import uvicorn
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from tuner.api.app import create_app
@@ -44,3 +50,23 @@ def api(settings: Settings) -> Iterator[Api]:
             {"Authorization": f"Bearer {read}"},
             {"Authorization": f"Bearer {tune_only}"},
         )
+
+
+@contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    """``app`` behind a real uvicorn server on a free port, in a thread; yields its base URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)

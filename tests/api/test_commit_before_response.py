@@ -3,19 +3,15 @@ error the client sees (503 when the database is unavailable, 500 otherwise), wit
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 
 import httpx
 import psycopg
 import pytest
-import uvicorn
 from sqlalchemy import event
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from tests.api.conftest import Api
+from tests.api.conftest import Api, serve
 from tuner.api.app import create_app
 from tuner.settings import AuthMode, Settings
 
@@ -84,27 +80,11 @@ def test_a_client_request_id_is_echoed(api: Api) -> None:
     assert r.json()["correlation_id"] != "bad id\nwith newline"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def served(settings: Settings) -> Iterator[str]:
     """The app behind a real uvicorn server: the race was between the response on the socket and the commit."""
-    port = _free_port()
-    app = create_app(settings.model_copy(update={"auth": AuthMode.OPEN}))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
+    with serve(create_app(settings.model_copy(update={"auth": AuthMode.OPEN}))) as url:
+        yield url
 
 
 def test_what_was_acknowledged_is_there_at_once(served: str) -> None:

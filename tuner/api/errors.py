@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from tuner.errors import TunerError, Unauthorized
 from tuner.transient import is_transient
@@ -100,6 +101,17 @@ def _field(loc: Sequence[Any]) -> str:
     return ".".join(parts[1:] if parts and parts[0] in {"body", "query", "path", "header"} else parts) or "body"
 
 
+def _allowed(request: Request) -> str:
+    """Every method the path takes. Starlette's 405 names only the first route matching the path, and a path
+    served by several routes (GET and DELETE /traffic/{id}) would advertise one of them (RFC 9110 15.5.6)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)  # PARTIAL: the path matches, the method does not
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(TunerError)
     async def _tuner_error(request: Request, exc: TunerError) -> JSONResponse:
@@ -122,11 +134,14 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed(request)
         return problem(
             exc.status_code,
             str(exc.detail),
             instance=request.url.path,
-            headers=exc.headers,
+            headers=headers,
             errors=getattr(exc, "errors", ()),
         )
 

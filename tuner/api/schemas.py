@@ -31,6 +31,7 @@ PLAIN = r"^[^\x00-\x1f\x7f]*$"
 ID_PATTERN = r"^[0-9a-f]{32}$"
 JobId = Annotated[str, Path(pattern=ID_PATTERN, description="A job id, as POST /tune returned it")]
 SampleId = Annotated[str, Path(pattern=ID_PATTERN, description="A sample id, as POST /traffic returned it")]
+Depth = Annotated[int, Field(ge=1, le=32)]
 MAX_DRAFTS = 8  # draft checkpoints per method: each is at least one server start
 
 
@@ -60,7 +61,9 @@ class SearchIn(Strict):
     methods: list[Method] | None = Field(
         default=None, min_length=1, max_length=len(Method), description="Restrict the search to these."
     )
-    depth_range: tuple[int, int] | None = Field(default=None, description="Inclusive [min, max] speculative depth.")
+    depth_range: tuple[Depth, Depth] | None = Field(
+        default=None, description="Inclusive [min, max] speculative depth (min <= max)."
+    )
     drafts: dict[Method, Annotated[list[str], Field(max_length=MAX_DRAFTS)]] = Field(
         default_factory=dict, description="Draft checkpoints per method."
     )
@@ -145,9 +148,9 @@ class ServingIn(Strict):
 
 class TuneIn(Strict):
     model: str = Field(min_length=1, max_length=500, description="HF model id, or a path that exists on the workers.")
-    revision: str | None = Field(default=None, max_length=200)
+    revision: str | None = Field(default=None, min_length=1, max_length=200)
     trust_remote_code: bool = False
-    traffic: str | list[dict[str, Any]] = Field(
+    traffic: Annotated[str, Field(pattern=ID_PATTERN)] | Annotated[list[dict[str, Any]], Field(min_length=1)] = Field(
         description="The id of an uploaded sample (POST /traffic), or inline requests in any accepted format."
     )
     hardware: str = Field(default="auto", pattern=r"^[a-z0-9][a-z0-9_-]{0,49}$")
@@ -176,6 +179,7 @@ class TuneIn(Strict):
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Optuna's and vLLM's seed (numpy's range).")
     level_weights: dict[Annotated[str, Field(max_length=40)], Annotated[float, Field(ge=0, le=1e6)]] | None = Field(
         default=None,
+        min_length=1,
         max_length=16,
         description="Each load level's share of production traffic, keyed by level ('c8', 'r2.5', or the bare "
         "concurrency '8'); the objective is the weighted geometric mean of per-level speedups. Default: equal.",

@@ -56,7 +56,7 @@ async def _read_limited(request: Request, limit: int) -> bytes:
             "required": True,
             "content": {
                 "application/x-ndjson": {"schema": {"type": "string"}},
-                "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
+                "application/json": {"schema": {"type": "array", "items": {"type": "object"}, "minItems": 1}},
             },
         }
     },
