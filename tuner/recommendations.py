@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from tuner.domain import (
     ConcurrencyRange,
@@ -271,6 +271,7 @@ def find(
     revision: str | None = None,
     serving: str | None = None,
     team: str | None = None,
+    cache: RenderCache | None = None,
 ) -> dict[str, Any]:
     """The newest matching recommendation, with its history and staleness, as the API returns it.
 
@@ -278,6 +279,7 @@ def find(
     known to the store stands for its class, and an answer measured on that very sample ranks first.
     ``serving`` is a serving key (``serving_key`` in a response): the production configuration is part of the
     recommendation's key, so answers for other configurations are listed, never silently substituted.
+    ``cache`` keeps rendered rows between calls (the API keeps one per process).
     Recommendations are every team's, samples are not: with ``team``, only that team's samples stand for their
     class, and another team's sample id or fingerprint is matched like any other string (against the
     recommendations' own fingerprints and classes), so it reveals nothing the caller could not read anyway.
@@ -307,6 +309,8 @@ def find(
             q = q.where(
                 (RecommendationRow.workload_class == workload) | (RecommendationRow.workload_fingerprint == workload)
             )
+    # bodies are loaded only for the rows rendered (the answer, its history, one per other serving config)
+    q = q.options(defer(RecommendationRow.body))
     rows = list(session.scalars(q.order_by(RecommendationRow.created_at.desc(), RecommendationRow.id.desc())))
     if concurrency is not None:
         rows = [
@@ -334,10 +338,16 @@ def find(
     for r in rows[1:]:
         if r.serving_key != best.serving_key and r.serving_key not in others:
             others[r.serving_key] = r
-    out = render(session, best, history=same[:MAX_HISTORY])
+    cache = cache or RenderCache()
+    out = render(session, best, history=same[:MAX_HISTORY], cache=cache)
     out["matched_by"] = _matched_by(best, workload, sample_fp)
     out["other_serving_configs"] = [
-        {"serving_key": key, "serving": r.body.get("serving"), "recommendation_id": r.id, "job_id": r.job_id}
+        {
+            "serving_key": key,
+            "serving": cache.rendered(session, r)[0]["serving"],
+            "recommendation_id": r.id,
+            "job_id": r.job_id,
+        }
         for key, r in others.items()
     ]
     return out
@@ -351,13 +361,49 @@ def _matched_by(row: RecommendationRow, workload: str | None, sample_fp: str | N
     return "workload_class"
 
 
-def render(session: Session, row: RecommendationRow, history: Sequence[RecommendationRow] = ()) -> dict[str, Any]:
+class RenderCache:
+    """Rendered recommendation rows, by row. A published row never changes (a job publishes once), so its
+    rendering is computed once per process: decoding the body and reading its sample's and job's columns was
+    most of a ``GET /recommendation``. Staleness depends on what workers report now and is never cached.
+    Bounded: past ``size`` rows the oldest entries go."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._rows: dict[tuple[int, str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def rendered(self, session: Session, row: RecommendationRow) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the row's answer without staleness or history, the row as a history entry)."""
+        key = (row.id, row.job_id, row.scope)
+        hit = self._rows.get(key)
+        if hit is None:
+            hit = _rendered(session, row)
+            while len(self._rows) >= self.size:
+                self._rows.pop(next(iter(self._rows)), None)
+            self._rows[key] = hit
+        return hit
+
+
+def render(
+    session: Session,
+    row: RecommendationRow,
+    history: Sequence[RecommendationRow] = (),
+    cache: RenderCache | None = None,
+) -> dict[str, Any]:
+    cache = cache or RenderCache(size=1 + len(history))
+    out = dict(cache.rendered(session, row)[0])
+    out["stale"], out["stale_reason"] = _staleness(session, row)
+    out["history"] = [cache.rendered(session, h)[1] for h in history]
+    return out
+
+
+def _rendered(session: Session, row: RecommendationRow) -> tuple[dict[str, Any], dict[str, Any]]:
     rec = from_jsonable(Recommendation, row.body)
-    stale, why = _staleness(session, row)
-    traffic = session.get(TrafficSampleRow, row.traffic_id)
-    job = session.get(JobRow, row.job_id)
+    # two columns, not two rows: a sample row carries its prompts and a job row its whole spec
+    request_count = session.scalar(select(TrafficSampleRow.request_count).where(TrafficSampleRow.id == row.traffic_id))
+    objective = session.scalar(select(JobRow.objective).where(JobRow.id == row.job_id))
     speculative = rec.spec.to_vllm()
-    return {
+    created_at = row.created_at.isoformat() if row.created_at else None
+    answer = {
         "id": row.id,
         "model": to_jsonable(rec.model),
         "hardware": rec.hardware,
@@ -379,31 +425,27 @@ def render(session: Session, row: RecommendationRow, history: Sequence[Recommend
         "latency": rec.latency,
         "per_level_winners": to_jsonable(rec.per_level_winners),
         "notes": list(rec.notes),
-        "stale": stale,
-        "stale_reason": why,
         "measured_on": {
             "traffic_id": row.traffic_id,
             "fingerprint": row.workload_fingerprint,
             "workload_class": row.workload_class,
-            "request_count": traffic.request_count if traffic else None,
+            "request_count": request_count,
         },
         "provenance": {
             "job_id": row.job_id,
             "trial_numbers": list(rec.trial_numbers),
-            "created_at": row.created_at.isoformat() if row.created_at else None,
-            "objective": job.objective if job else None,
+            "created_at": created_at,
+            "objective": objective,
         },
-        "history": [
-            {
-                "id": h.id,
-                "job_id": h.job_id,
-                "created_at": h.created_at.isoformat() if h.created_at else None,
-                "vllm_version": h.vllm_version,
-                "speculative_config": from_jsonable(Recommendation, h.body).spec.to_vllm(),
-            }
-            for h in history
-        ],
     }
+    as_history = {
+        "id": row.id,
+        "job_id": row.job_id,
+        "created_at": created_at,
+        "vllm_version": row.vllm_version,
+        "speculative_config": speculative,
+    }
+    return answer, as_history
 
 
 def _summary(rec: Recommendation) -> str:
@@ -427,7 +469,10 @@ def _summary(rec: Recommendation) -> str:
 
 
 def _staleness(session: Session, row: RecommendationRow) -> tuple[bool, str | None]:
-    workers = session.scalars(select(WorkerRow).where(WorkerRow.hardware == row.hardware)).all()
+    # the two columns only: a worker row also holds its whole hardware report
+    workers = session.execute(
+        select(WorkerRow.vllm_version, WorkerRow.driver).where(WorkerRow.hardware == row.hardware)
+    ).all()
     newest_v = max((w.vllm_version for w in workers if w.vllm_version), key=_version_tuple, default=None)
     if newest_v and _version_tuple(newest_v) > _version_tuple(row.vllm_version):
         return True, f"measured on vLLM {row.vllm_version}; workers for {row.hardware} now report {newest_v}"

@@ -25,6 +25,13 @@ class Settings(BaseSettings):
         "PostgreSQL: postgresql+psycopg://user@host/db",
     )
     auth: AuthMode = AuthMode.TOKENS
+    token_cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=300,
+        description="How long the API trusts a resolved token before asking the store again; a revoked token "
+        "is refused at most this long after `tuner token revoke` (0: ask on every request).",
+    )
     allow_trust_remote_code: bool = False
     max_traffic_bytes: int = 32 * 1024 * 1024
     max_inline_requests: int = 10_000

@@ -175,3 +175,24 @@ def test_concurrent_teams_never_see_each_other(teams: Teams) -> None:
     assert len(seen) == 16
     assert all((code == 200) == (owner[job_id] == who) for who, job_id, code in seen), seen
     assert all(code in (200, 404) for _, _, code in seen)
+
+
+def test_a_revoked_token_is_refused_once_its_cache_entry_expires(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.api import authenticate
+    from tuner.auth import revoke_token
+
+    clock = [1000.0]
+    monkeypatch.setattr(authenticate.time, "monotonic", lambda: clock[0])
+    engine = make_engine(api.settings.db_url)
+    try:
+        with transaction(make_session_factory(engine)) as s:
+            secret = create_token(s, "short-lived", ["read"])
+        h = {"Authorization": f"Bearer {secret}"}
+        assert api.client.get("/tune/" + "0" * 32, headers=h).status_code == 404  # resolved and cached
+        with transaction(make_session_factory(engine)) as s:
+            assert revoke_token(s, "short-lived") == 1
+        assert api.client.get("/tune/" + "0" * 32, headers=h).status_code == 404  # within TUNER_TOKEN_CACHE_S
+        clock[0] += api.settings.token_cache_s + 0.01
+        assert api.client.get("/tune/" + "0" * 32, headers=h).status_code == 401
+    finally:
+        engine.dispose()

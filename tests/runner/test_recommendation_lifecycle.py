@@ -17,13 +17,18 @@ from tuner.store.models import JobRow, TrafficSampleRow
 
 
 def test_history_staleness_and_workload_class(db_url: str) -> None:
+    """Through one warm render cache, as the API keeps it: new answers and staleness still show at once."""
     factory = make_session_factory(make_engine(db_url))
+    cache = recommendations.RenderCache(size=2)
     first = submit(factory)
     runner(factory, ListPlanner(SPECS), FakeEvaluator()).run_once()
+    with factory() as s:
+        uncached = recommendations.find(s, model="org/m", engine=Engine.SIMULATED)
+        assert recommendations.find(s, model="org/m", engine=Engine.SIMULATED, cache=cache) == uncached
     second = submit(factory)
     runner(factory, ListPlanner(SPECS[:1]), FakeEvaluator()).run_once()
     with factory() as s:
-        rec = recommendations.find(s, model="org/m", engine=Engine.SIMULATED)
+        rec = recommendations.find(s, model="org/m", engine=Engine.SIMULATED, cache=cache)
         assert rec["provenance"]["job_id"] == second
         assert [h["job_id"] for h in rec["history"]] == [first]  # past answers are kept
         assert rec["stale"] is False
@@ -36,8 +41,9 @@ def test_history_staleness_and_workload_class(db_url: str) -> None:
     with transaction(factory) as s:  # a worker for that hardware now reports a newer vLLM
         tuning.report_worker(s, "gpu-node-1", {"hardware": "cpu", "vllm_version": "0.34.0", "driver": "rocm 7.0"})
     with factory() as s:
-        rec = recommendations.find(s, model="org/m", engine=Engine.SIMULATED)
+        rec = recommendations.find(s, model="org/m", engine=Engine.SIMULATED, cache=cache)
         assert rec["stale"] is True and "0.34.0" in rec["stale_reason"]
+        assert rec == recommendations.find(s, model="org/m", engine=Engine.SIMULATED)  # cached == fresh
 
 
 def test_tomorrows_sample_of_the_same_kind_finds_todays_answer(db_url: str) -> None:

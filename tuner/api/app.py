@@ -15,6 +15,7 @@ from tuner.api.authenticate import Authenticate
 from tuner.api.limits import BodyLimit
 from tuner.api.metrics import StoreCollector
 from tuner.api.routes import health, recommendation, traffic, tune
+from tuner.recommendations import RenderCache
 from tuner.settings import AuthMode, Settings
 from tuner.store.db import make_engine, make_session_factory
 
@@ -33,6 +34,7 @@ def create_app(settings: Settings | None = None, *, background: BackgroundFactor
         factory = make_session_factory(engine)
         app.state.settings = settings
         app.state.session_factory = factory
+        app.state.render_cache = RenderCache()  # published recommendations, rendered once per process
         registry = CollectorRegistry()
         registry.register(StoreCollector(factory))
         app.state.registry = registry
@@ -57,7 +59,7 @@ def create_app(settings: Settings | None = None, *, background: BackgroundFactor
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_traffic_bytes + settings.max_request_overhead_bytes)
     # added last, so outermost: an unauthenticated request is refused before its size is even looked at
-    app.add_middleware(Authenticate, open_mode=settings.auth is AuthMode.OPEN)
+    app.add_middleware(Authenticate, open_mode=settings.auth is AuthMode.OPEN, cache_s=settings.token_cache_s)
     for module in (tune, traffic, recommendation, health):
         app.include_router(module.router)
     _problem_only_errors(app)

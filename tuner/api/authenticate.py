@@ -9,24 +9,31 @@ routes' dependencies (tuner/api/deps.py) check scopes and teams.
 from __future__ import annotations
 
 import logging
+import time
 
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tuner.api.errors import problem
-from tuner.auth import OPEN, Principal, principal_for
+from tuner.auth import OPEN, Principal, hash_token, principal_for
 from tuner.transient import is_transient
 
 log = logging.getLogger("tuner.api")
 
 # Paths anyone may call: liveness, Prometheus scraping, and the schema and its viewers.
+MAX_CACHED = 10_000
 PUBLIC_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
 class Authenticate:
-    def __init__(self, app: ASGIApp, *, open_mode: bool) -> None:
+    """``cache_s``: how long a resolved token is trusted without asking the store again. A revoked token is
+    refused at most this long after ``tuner token revoke``; 0 asks the store on every request."""
+
+    def __init__(self, app: ASGIApp, *, open_mode: bool, cache_s: float = 0.0) -> None:
         self.app = app
         self.open_mode = open_mode
+        self.cache_s = cache_s
+        self._cache: dict[str, tuple[float, Principal]] = {}  # token hash -> (expiry, principal); live tokens only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,9 +52,8 @@ class Authenticate:
         if kind.lower() != "bearer" or not secret.strip():
             await self._refuse(scope, receive, send, "a bearer token is required (Authorization: Bearer <token>)")
             return
-        factory = scope["app"].state.session_factory
         try:
-            principal = await run_in_threadpool(_lookup, factory, secret.strip())
+            principal = await self._principal(scope, secret.strip())
         except Exception as exc:  # the store is down: this request cannot be authorised, say so as a problem
             log.error("token lookup failed on %s: %s", scope["path"], exc, exc_info=exc)
             transient = is_transient(exc)
@@ -59,6 +65,21 @@ class Authenticate:
             return
         state["principal"] = principal
         await self.app(scope, receive, send)
+
+    async def _principal(self, scope: Scope, secret: str) -> Principal | None:
+        key = hash_token(secret)
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        principal = await run_in_threadpool(_lookup, scope["app"].state.session_factory, secret)
+        if principal is not None and self.cache_s > 0:
+            if len(self._cache) >= MAX_CACHED:  # bounded: expired entries go first, then everything
+                self._cache = {k: v for k, v in self._cache.items() if v[0] > now} if len(self._cache) else {}
+                if len(self._cache) >= MAX_CACHED:
+                    self._cache.clear()
+            self._cache[key] = (now + self.cache_s, principal)
+        return principal
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, detail: str) -> None:

@@ -19,7 +19,8 @@ from tuner.store.db import transaction
 _bearer = HTTPBearer(auto_error=False, description="An API token: `tuner token create NAME --scope ...`")
 
 
-def get_settings(request: Request) -> Settings:
+# Dependencies that do no I/O are async: FastAPI runs a sync dependency in the thread pool, a hop per request.
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
@@ -40,7 +41,7 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def require(scope: Scope) -> Callable[..., Principal]:
-    def check(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+    async def check(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
         principal: Principal | None = getattr(request.state, "principal", None)
         if principal is None:  # only a public path reaches a route unauthenticated; none of them requires a scope
             raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
