@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -303,6 +303,21 @@ def requests_to_json(requests: Sequence[TrafficRequest]) -> list[dict[str, Any]]
             if v is not None:
                 d[key] = v
         out.append(d)
+    return out
+
+
+def over_context(
+    requests: Sequence[TrafficRequest], context: int, count: Callable[[str], int] | None
+) -> list[tuple[int, int]]:
+    """(index, tokens needed) of each request that cannot fit a ``context``-token window: its prompt plus the
+    output it asks for. With ``count`` (the model's tokenizer) the prompt is its message contents without the
+    chat template, a lower bound; without it, one token. So every request named here is too long for certain;
+    vLLM would refuse it after a server start-up."""
+    out = []
+    for i, r in enumerate(requests):
+        needed = (count(r.prompt_text()) if count else 1) + r.target_output_tokens
+        if needed > context:
+            out.append((i, needed))
     return out
 
 

@@ -5,6 +5,9 @@ Raw bytes, not ``json=``: the test client's encoder would refuse NaN or fold a 3
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from sqlalchemy import func, select
 
@@ -119,3 +122,38 @@ def test_limits_leave_ordinary_bodies_alone(api: Api) -> None:
         '{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 8}' for _ in BENCH
     )
     assert post_raw(api, "/traffic", ok.encode(), "application/x-ndjson").status_code == 201
+
+
+def _local_model(root: Path, context: int) -> Path:
+    """A model directory as a worker holds one: config.json and a word-level tokenizer.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model = root / "models" / "tiny"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": context}))
+    vocab = {"[UNK]": 0} | {w: i + 1 for i, w in enumerate(["hello", "there", "word"])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(model / "tokenizer.json"))
+    return model
+
+
+def test_requests_longer_than_the_context_are_found_at_submit(api: Api, tmp_path: Path) -> None:
+    model = _local_model(tmp_path, context=64)
+    api.client.app.state.settings = api.settings.model_copy(update={"model_roots": str(tmp_path / "models")})  # type: ignore[attr-defined]
+    fits = {"prompt": "hello there", "output_tokens": 32}
+    long_prompt = {"prompt": " ".join(["word"] * 60), "output_tokens": 8}  # 60 tokens by the tokenizer, 68 in all
+    long_output = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 64}
+    body = {"model": str(model), "engine": "simulated", "concurrency": [1], "traffic": [fits, long_prompt, long_output]}
+    before = stored(api)
+    r = api.client.post("/tune", json=body, headers=api.tune)
+    assert r.status_code == 422, r.text
+    assert [e["item"] for e in r.json()["errors"]] == [1, 2]
+    assert "64-token context" in r.json()["detail"]
+    assert stored(api) == before
+    # the job's own max_model_len is the servers' context, and it is checked too (without a tokenizer: outputs)
+    body |= {"model": "org/remote", "traffic": [fits], "serving": {"args": {"max_model_len": 32}}}
+    r = api.client.post("/tune", json=body, headers=api.tune)
+    assert r.status_code == 422 and [e["item"] for e in r.json()["errors"]] == [0], r.text
+    body["serving"] = {"args": {"max_model_len": 4096}}
+    assert api.client.post("/tune", json=body, headers=api.tune).status_code == 202

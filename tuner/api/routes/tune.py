@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Response, status
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from tuner import tuning
+from tuner import model_files, tuning
 from tuner.api.deps import Reader, SessionDep, SettingsDep, Writer
 from tuner.api.errors import problem_responses
 from tuner.api.limits import CheckedJsonRoute
@@ -18,7 +18,7 @@ from tuner.errors import InvalidInput
 from tuner.load_levels import default_levels
 from tuner.settings import Settings
 from tuner.store.models import JobRow, TrialRow
-from tuner.traffic import TrafficError, parse_items
+from tuner.traffic import TrafficError, over_context, parse_items
 
 router = APIRouter(tags=["tune"], route_class=CheckedJsonRoute)
 
@@ -138,6 +138,24 @@ def _inline_traffic(items: list[dict[str, Any]], settings: Settings) -> list[Tra
         ) from None
 
 
+def _check_context(body: TuneIn, requests: list[TrafficRequest], settings: Settings) -> None:
+    """A request longer than the servers' context is refused now, with its index, not after a start-up."""
+    model_dir = model_files.local_dir(body.model, settings.model_root_list)
+    context = model_files.context_length(body.serving.args, body.hf_config, model_dir)
+    if context is None:
+        return
+    too_long = over_context(requests, context, model_files.token_counter(model_dir))
+    if too_long:
+        shown = ", ".join(f"{i} ({n} tokens)" for i, n in too_long[:20])
+        raise InvalidInput(
+            f"{len(too_long)} of {len(requests)} requests need more than the {context}-token context "
+            f"(prompt plus output): {shown}{' ...' if len(too_long) > 20 else ''}",
+            errors=[
+                {"field": f"traffic.{i}", "item": i, "message": f"needs {n} > {context} tokens"} for i, n in too_long
+            ],
+        )
+
+
 def _submit(
     body: TuneIn, session: Session, settings: Settings, idempotency_key: str | None, request_fp: str, team: str
 ) -> tuple[JobRow, bool]:
@@ -149,6 +167,7 @@ def _submit(
     else:
         traffic_id = body.traffic
         requests = tuning.traffic_requests(session, traffic_id, team)  # another team's sample is a 404
+    _check_context(body, requests, settings)
     max_num_seqs = body.serving.args.get("max_num_seqs")
     levels = body.levels() or default_levels(
         len(requests),
