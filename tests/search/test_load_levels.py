@@ -22,7 +22,7 @@ def test_windows_scale_with_concurrency_and_reach_max_num_seqs() -> None:
 
 
 def test_explicit_concurrency_scales_unless_the_count_is_given() -> None:
-    scaled = TuneIn(model="m", traffic="t", concurrency=[1, 64]).levels()
+    scaled = TuneIn(model="m", traffic="0" * 32, concurrency=[1, 64]).levels()
     assert [lv.num_requests for lv in scaled] == [32, 256]
-    given = TuneIn(model="m", traffic="t", concurrency=[1, 64], num_requests=40).levels()
+    given = TuneIn(model="m", traffic="0" * 32, concurrency=[1, 64], num_requests=40).levels()
     assert [lv.num_requests for lv in given] == [40, 40]
