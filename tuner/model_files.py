@@ -14,14 +14,17 @@ log = logging.getLogger("tuner")
 TokenCounter = Callable[[str], int]
 
 
+def under_roots(name: str, roots: Sequence[str]) -> bool:
+    """Whether the local path ``name`` (symlinks resolved) lies in one of ``roots`` or is one."""
+    path = Path(name).expanduser().resolve()
+    allowed = [Path(r).expanduser().resolve() for r in roots]
+    return any(path == r or r in path.parents for r in allowed)
+
+
 def local_dir(name: str, roots: Sequence[str]) -> Path | None:
     """The model's directory when ``name`` is a local path under one of ``roots``; else None."""
     path = Path(name).expanduser()
-    if not path.is_dir():
-        return None
-    path = path.resolve()
-    allowed = [Path(r).expanduser().resolve() for r in roots]
-    return path if any(path == r or r in path.parents for r in allowed) else None
+    return path.resolve() if path.is_dir() and under_roots(name, roots) else None
 
 
 def context_length(

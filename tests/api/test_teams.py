@@ -196,3 +196,21 @@ def test_a_revoked_token_is_refused_once_its_cache_entry_expires(api: Api, monke
         assert api.client.get("/tune/" + "0" * 32, headers=h).status_code == 401
     finally:
         engine.dispose()
+
+
+def test_a_token_lookup_the_store_cannot_answer_is_a_503_problem(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The middleware's failure reaches the app's one 5xx handler: Retry-After and a correlation id, no SQL."""
+    import psycopg
+    from sqlalchemy.exc import OperationalError
+
+    from tuner.api import authenticate
+
+    def down(*a: object, **k: object) -> None:
+        raise OperationalError("SELECT", {}, psycopg.OperationalError("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(authenticate, "principal_for", down)
+    r = api.client.get("/tune/" + "0" * 32, headers={"Authorization": "Bearer stk_never-seen"})
+    assert r.status_code == 503, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.headers["retry-after"] and r.json()["correlation_id"] == r.headers["x-request-id"]
+    assert "server closed" not in r.text

@@ -8,20 +8,17 @@ routes' dependencies (tuner/api/deps.py) check scopes and teams.
 
 from __future__ import annotations
 
-import logging
 import time
 
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tuner.api.errors import problem
 from tuner.auth import OPEN, Principal, hash_token, principal_for
-from tuner.transient import is_transient
 
-log = logging.getLogger("tuner.api")
-
+MAX_CACHED = 10_000  # resolved tokens kept at most
 # Paths anyone may call: liveness, Prometheus scraping, and the schema and its viewers.
-MAX_CACHED = 10_000
 PUBLIC_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
@@ -52,14 +49,9 @@ class Authenticate:
         if kind.lower() != "bearer" or not secret.strip():
             await self._refuse(scope, receive, send, "a bearer token is required (Authorization: Bearer <token>)")
             return
-        try:
-            principal = await self._principal(scope, secret.strip())
-        except Exception as exc:  # the store is down: this request cannot be authorised, say so as a problem
-            log.error("token lookup failed on %s: %s", scope["path"], exc, exc_info=exc)
-            transient = is_transient(exc)
-            detail = "the database is unavailable; retry" if transient else "internal error; see the operator's log"
-            await problem(503 if transient else 500, detail, instance=scope["path"])(scope, receive, send)
-            return
+        # A failing lookup (the store is down) propagates to the app's one 5xx handler (tuner/api/errors.py),
+        # which Starlette runs outside every middleware: 503 with Retry-After and a correlation id, as a route's.
+        principal = await self._principal(scope, secret.strip())
         if principal is None:
             await self._refuse(scope, receive, send, "the bearer token is unknown or revoked")
             return
@@ -75,7 +67,7 @@ class Authenticate:
         principal = await run_in_threadpool(_lookup, scope["app"].state.session_factory, secret)
         if principal is not None and self.cache_s > 0:
             if len(self._cache) >= MAX_CACHED:  # bounded: expired entries go first, then everything
-                self._cache = {k: v for k, v in self._cache.items() if v[0] > now} if len(self._cache) else {}
+                self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
                 if len(self._cache) >= MAX_CACHED:
                     self._cache.clear()
             self._cache[key] = (now + self.cache_s, principal)
@@ -87,6 +79,6 @@ class Authenticate:
         await response(scope, receive, send)
 
 
-def _lookup(factory, secret: str) -> Principal | None:  # noqa: ANN001 - a sessionmaker
+def _lookup(factory: sessionmaker[Session], secret: str) -> Principal | None:
     with factory() as session:
         return principal_for(session, secret)

@@ -48,22 +48,21 @@ class Problem(BaseModel):
     correlation_id: str | None = Field(default=None, description="The key to the operator's log line (5xx).")
 
 
-_PROBLEM_CONTENT = {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+def _responses(statuses: set[int]) -> dict[int | str, dict[str, Any]]:
+    content = {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    return {
+        code: {"model": Problem, "description": _TITLES.get(code, "Error"), "content": content}
+        for code in sorted(statuses)
+    }
 
 
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` for these statuses, plus what any route can answer (401/403 from the token, 413
     from the size limit, 422 from validation, 500/503 from the store), all problem+json."""
-    every = {401, 403, 413, 422, 500, 503}
-    return {
-        code: {"model": Problem, "description": _TITLES.get(code, "Error"), "content": _PROBLEM_CONTENT}
-        for code in sorted(every | set(statuses))
-    }
+    return _responses({401, 403, 413, 422, 500, 503} | set(statuses))
 
 
-PUBLIC_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": Problem, "description": _TITLES[code], "content": _PROBLEM_CONTENT} for code in (500, 503)
-}
+PUBLIC_RESPONSES = _responses({500, 503})  # a public route: only the store can fail it
 
 
 def problem(
@@ -75,18 +74,14 @@ def problem(
     headers: Mapping[str, str] | None = None,
     correlation_id: str | None = None,
 ) -> JSONResponse:
-    body: dict[str, Any] = {
-        "type": "about:blank",
-        "title": _TITLES.get(status, "Error"),
-        "status": status,
-        "detail": detail,
-    }
-    if instance:
-        body["instance"] = instance
-    if errors:
-        body["errors"] = list(errors)
-    if correlation_id:
-        body["correlation_id"] = correlation_id
+    body = Problem(
+        title=_TITLES.get(status, "Error"),
+        status=status,
+        detail=detail,
+        instance=instance or None,
+        errors=[dict(e) for e in errors] or None,
+        correlation_id=correlation_id or None,
+    ).model_dump(exclude_none=True)
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=dict(headers or {}))
 
 

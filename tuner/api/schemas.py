@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -192,15 +191,6 @@ class TuneIn(Strict):
             raise ValueError(problem)
         return v
 
-    @field_validator("traffic")
-    @classmethod
-    def _traffic(cls, v: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-        if isinstance(v, str) and not re.match(ID_PATTERN, v):
-            raise ValueError("traffic must be a sample id (as POST /traffic returned it) or a list of requests")
-        if isinstance(v, list) and not v:
-            raise ValueError("traffic must not be empty")
-        return v
-
     @model_validator(mode="after")
     def _one_load_kind(self) -> TuneIn:
         kinds = sum(x for x in (self.concurrency is not None, self.request_rate is not None, self.timed_replay))
@@ -213,7 +203,7 @@ class TuneIn(Strict):
     def _weights(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         if v is None:
             return None
-        if not v or sum(v.values()) <= 0:
+        if sum(v.values()) <= 0:
             raise ValueError("level_weights must give at least one level a positive weight")
         return {(f"c{k}" if k.isdigit() else k): w for k, w in v.items()}
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuner.model_files import under_roots
 from tuner.workers.measure import Clients
 
 VLLM_PYTHON_ENV = "TUNER_VLLM_PYTHON"
@@ -91,13 +92,10 @@ class RunnerOptions:
 
     def path_problem(self, field: str, name: str) -> str | None:
         """Why a model or draft ``name`` may not be loaded here: a local path outside ``model_roots``."""
-        if self.model_roots is None or not looks_local(name):
+        if self.model_roots is None or not looks_local(name) or under_roots(name, self.model_roots):
             return None
-        path = Path(name).expanduser().resolve()
-        roots = [Path(r).expanduser().resolve() for r in self.model_roots]
-        if any(path == r or r in path.parents for r in roots):
-            return None
-        return f"{field} {name!r} is a local path outside the worker's model roots ({', '.join(map(str, roots))})"
+        roots = ", ".join(str(Path(r).expanduser().resolve()) for r in self.model_roots)
+        return f"{field} {name!r} is a local path outside the worker's model roots ({roots})"
 
     def server_command(self) -> list[str]:
         """The argv prefix before the model and flags."""
