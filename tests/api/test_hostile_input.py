@@ -13,6 +13,8 @@ from sqlalchemy import func, select
 
 from tests.api.conftest import Api
 from tests.api.test_traffic import BENCH
+from tuner import model_files
+from tuner.demo import demo_traffic
 from tuner.store.db import make_engine, make_session_factory
 from tuner.store.models import JobRow, TrafficSampleRow
 
@@ -157,3 +159,20 @@ def test_requests_longer_than_the_context_are_found_at_submit(api: Api, tmp_path
     assert r.status_code == 422 and [e["item"] for e in r.json()["errors"]] == [0], r.text
     body["serving"] = {"args": {"max_model_len": 4096}}
     assert api.client.post("/tune", json=body, headers=api.tune).status_code == 202
+
+
+def test_the_demo_sample_leaves_out_what_the_models_context_cannot_hold(api: Api, tmp_path: Path) -> None:
+    # `tuner demo` on a local model reads its context and tokenizer as the API does, so the job it posts is
+    # never refused for its length; and what it left out is exactly what the API would have refused.
+    model = _local_model(tmp_path, context=512)
+    api.client.app.state.settings = api.settings.model_copy(update={"model_roots": str(tmp_path / "models")})  # type: ignore[attr-defined]
+    context, count = model_files.context_length({}, None, model), model_files.token_counter(model)
+    assert context == 512 and count is not None
+    items, dropped = demo_traffic(64, context, count)
+    assert len(items) == 64 and dropped > 0
+    body = {"model": str(model), "engine": "simulated", "concurrency": [1], "traffic": items}
+    assert api.client.post("/tune", json=body, headers=api.tune).status_code == 202
+    unfiltered, none_dropped = demo_traffic(64 + dropped)
+    assert none_dropped == 0
+    r = api.client.post("/tune", json=body | {"traffic": unfiltered}, headers=api.tune)
+    assert r.status_code == 422 and len(r.json()["errors"]) == dropped, r.text

@@ -7,7 +7,6 @@ About ten server launches (a minute each on 2 cores): the slowest test of the su
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,9 +49,7 @@ def served(
         startup_timeout_s=420,
         poll_s=0.2,
         model_roots=str(tiny_model.parent),  # local models only from here, as a worker's TUNER_MODEL_ROOTS says
-        # The replay on a core of its own and the server on the others, as on a GPU node: shared cores starve
-        # the client (its event loop ran 150-600 ms late here) and every level would be client-bound.
-        client_cpus=str(max(os.sched_getaffinity(0))) if len(os.sched_getaffinity(0)) > 1 else None,
+        client_cpus=",".join(map(str, cpu_options.client_cpus)) if cpu_options.client_cpus else None,  # conftest
     )
     engine = make_engine(db_url)
     with transaction(make_session_factory(engine)) as s:
