@@ -1,4 +1,4 @@
-"""A table-driven evaluator frozen from published measurements (shared/spec-decode-figures.md).
+"""A table-driven evaluator frozen from published measurements (docs/published-figures.md).
 
 Each arm carries the speedups a paper or blog measured at one depth ``k_ref`` across batch sizes, and a
 conditional acceptance per position taken from the acceptance table. Other depths follow Leviathan et al.'s

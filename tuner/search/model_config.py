@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Keys vLLM reads for native MTP layers (vllm/config/speculative.py, see shared/vllm-facts.md).
+# Keys vLLM reads for native MTP layers (vllm/config/speculative.py, see docs/vllm-facts.md).
 MTP_KEYS: tuple[str, ...] = (
     "num_nextn_predict_layers",
     "mtp_num_hidden_layers",

@@ -75,7 +75,7 @@ from tuner.search.objective import constraints, log_value, weights_for
 from tuner.search.storage import RetryingRDBStorage
 
 TPE_ATTEMPTS = 3
-# Fresh-server re-measurements of the baseline, the winner and the schedule (issue 4: at least 3).
+# Fresh-server re-measurements of the baseline, the winner and the schedule: at least 3, enough to see noise.
 DEFAULT_CONFIRM_RUNS = 3
 NO_SLO = SLO()
 DEFAULT_BUDGET = Budget()
@@ -97,7 +97,7 @@ class OptunaPlanner:
     study's creation) stops the search; the confirmations still run. ``noise`` (relative, e.g. 0.03) fixes
     the noise the stopping rule, the "off" decision and the schedule-vs-static decision use; None estimates
     it from repeated measurements of one config, search repeats and confirmation runs alike (3% until
-    there are any). ``confirm_runs`` (default 3, as issue 4 asks; 0 disables confirmation, and with it any
+    there are any). ``confirm_runs`` (default 3; 0 disables confirmation, and with it any
     schedule) is how often each confirmation target is re-measured on a fresh server. ``max_num_seqs`` ends
     the schedule's last range (1024 when None). ``keep_outputs=False`` keeps the baseline's greedy outputs
     (derived from user prompts) out of the study: the service stores them once, on its trial rows, so that

@@ -104,7 +104,7 @@ class RunnerOptions:
         return [self.vllm_python or default_vllm_python(), "-m", API_SERVER_MODULE]
 
 
-# What a CPU-only machine needs to run vLLM (see shared/vllm-on-cpu.md); GPU nodes leave these unset.
+# What a CPU-only machine needs to run vLLM (see docs/vllm-on-cpu.md); GPU nodes leave these unset.
 CPU_SERVER_ENV: Mapping[str, str] = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_HOST_IP": "127.0.0.1",

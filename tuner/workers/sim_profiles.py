@@ -1,6 +1,6 @@
 """Profiles the simulated engine reads: what a model costs per step and what a workload looks like.
 
-Defaults are fitted to public figures (``/work/shared/spec-decode-figures.md``): the target step cost is
+Defaults are fitted to public figures (``docs/published-figures.md``): the target step cost is
 SpecDecode-Bench's fitted Llama-3.1-8B/H100 predictor (5.89 ms + 21.0 us per batched token + 0.039 us per KV
 token), extended with a compute knee (beyond it the GPU is compute bound and a batched token costs more) so
 that dense verification gets expensive at batch 32-64 while a MoE, whose knee sits E/topk times later in
