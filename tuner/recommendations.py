@@ -7,7 +7,6 @@ recommendations stay as history, the newest answers. Simulated rows only answer 
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +28,7 @@ from tuner.domain import (
     TuneOutcome,
     fingerprint,
     from_jsonable,
+    parse_version,
     to_jsonable,
 )
 from tuner.errors import NotFound
@@ -254,12 +254,6 @@ def _level_answer(outcome: TuneOutcome, w: LevelWinner) -> tuple[SpecConfig, Spe
     return w.spec, None, f"Speedup at {w.level}: {w.speedup:.3f}x from one search trial (unconfirmed)."
 
 
-def _version_tuple(v: str | None) -> tuple[int, ...]:
-    if not v:
-        return ()
-    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
-
-
 def find(
     session: Session,
     *,
@@ -473,10 +467,10 @@ def _staleness(session: Session, row: RecommendationRow) -> tuple[bool, str | No
     workers = session.execute(
         select(WorkerRow.vllm_version, WorkerRow.driver).where(WorkerRow.hardware == row.hardware)
     ).all()
-    newest_v = max((w.vllm_version for w in workers if w.vllm_version), key=_version_tuple, default=None)
-    if newest_v and _version_tuple(newest_v) > _version_tuple(row.vllm_version):
+    newest_v = max((w.vllm_version for w in workers if w.vllm_version), key=parse_version, default=None)
+    if newest_v and parse_version(newest_v) > parse_version(row.vllm_version):
         return True, f"measured on vLLM {row.vllm_version}; workers for {row.hardware} now report {newest_v}"
-    newest_d = max((w.driver for w in workers if w.driver), key=_version_tuple, default=None)
-    if newest_d and row.driver and _version_tuple(newest_d) > _version_tuple(row.driver):
+    newest_d = max((w.driver for w in workers if w.driver), key=parse_version, default=None)
+    if newest_d and row.driver and parse_version(newest_d) > parse_version(row.driver):
         return True, f"measured on driver {row.driver}; workers now report {newest_d}"
     return False, None

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from tuner.domain import LatencyStats, LevelResult, LoadLevel, SpecConfig, SpecDecodeStats, TrafficRequest
+from tuner.domain import LatencyStats, LevelResult, LoadLevel, Proposer, SpecConfig, SpecDecodeStats, TrafficRequest
 from tuner.search import AcceptanceCurve, batch_ranges, build_schedule, default_levels
-from tuner.search.cost_model import CHAIN, CostPoint, fit
+from tuner.search.cost_model import CostPoint, fit
 from tuner.search.objective import combine, slo_violation
 
 
@@ -55,7 +55,7 @@ def test_variable_length_curve_uses_decode_steps_when_known():
 
 def test_cost_fit_recovers_coefficients():
     pts = [CostPoint(c, k, k, k * 0.3 + 0.01 * c * k) for c in (1, 8, 32, 128) for k in (2, 6)]
-    cost = fit(pts, kind=CHAIN)
+    cost = fit(pts, kind=Proposer.CHAIN)
     assert cost.d == pytest.approx(0.3, rel=1e-6) and cost.u == pytest.approx(0.01, rel=1e-6)
     assert cost.extra(16, 4, 4) == pytest.approx(4 * 0.3 + 0.01 * 16 * 4)
 

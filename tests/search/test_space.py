@@ -1,6 +1,5 @@
-from tuner.domain import Method
+from tuner.domain import Method, parse_version
 from tuner.search import DEFAULT_CATALOG, DraftCatalog, DraftEntry, build_space, mtp_depths
-from tuner.search.compat import parse_version
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256}
 DSV3 = {"model_type": "deepseek_v3", "n_routed_experts": 256, "num_experts_per_tok": 8, "num_nextn_predict_layers": 1}

@@ -83,7 +83,7 @@ class SearchIn(Strict):
     @classmethod
     def _drafts(cls, v: dict[Method, list[str]]) -> dict[Method, list[str]]:
         for method, paths in v.items():
-            if not method.needs_draft_checkpoint and method is not Method.MTP and method is not Method.DSPARK:
+            if not method.takes_draft_checkpoint:
                 raise ValueError(f"method {method.value} takes no draft checkpoint")
             if any(not p or len(p) > 500 for p in paths):
                 raise ValueError("draft checkpoints must be non-empty HF ids or paths")

@@ -10,12 +10,9 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tuner.domain import Method, Objective, SpecConfig
+from tuner.domain import Method, Objective, Proposer, SpecConfig
 from tuner.search._space import MethodOptions
 from tuner.search.cost_model import (
-    BLOCK,
-    CHAIN,
-    LOOKUP,
     CostPoint,
     StepCost,
     closed_loop_gain,
@@ -93,7 +90,7 @@ class Predictions:
             steps = sum(sd.decode_steps or 0 for sd in ds)
             rate = drafts / steps if use_steps and steps else 1.0
             per_proposal = sum(sd.num_draft_tokens for sd in ds) / drafts if drafts else float(depth)
-        kind = BLOCK if opt.method in {Method.DFLASH, Method.DSPARK} else (CHAIN if fixed else LOOKUP)
+        kind = opt.method.traits.proposer
         points: list[CostPoint] = []
         ttft: dict[str, list[float]] = {}
         prefill: dict[str, list[float]] = {}
@@ -130,7 +127,7 @@ class Predictions:
             per_proposal=per_proposal,
             fixed=fixed,
             unbiased=fixed or use_steps,
-            block=kind == BLOCK,
+            block=kind is Proposer.BLOCK,
             ttft={label: statistics.fmean(v) for label, v in ttft.items()},
             prefill={label: statistics.fmean(v) for label, v in prefill.items()},
             measured={

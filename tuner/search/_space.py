@@ -6,36 +6,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.domain import Method, SpecConfig
+from tuner.domain import (
+    DEFAULT_DEPTH_RANGE,
+    DRAFT_METHODS,
+    METHOD_TRAITS,
+    DepthRule,
+    DraftNeed,
+    Method,
+    SpecConfig,
+    mtp_depths,
+)
 from tuner.search.catalog import DEFAULT_CATALOG, DraftCatalog
 from tuner.search.compat import DEFAULT_RULES, CompatOverrides, CompatRule, excluded_reason
 from tuner.search.model_config import ModelTraits, model_traits
 
-CHAIN_DEPTHS: tuple[int, ...] = tuple(range(1, 9))
-BLOCK_SIZES: Mapping[Method, tuple[int, ...]] = {Method.DFLASH: (4, 8, 16), Method.DSPARK: (4, 7, 10)}
-SUFFIX_DEPTHS: tuple[int, ...] = (4, 8, 16)
+# Methods, their depth rules and default depths come from the domain's method table (METHOD_TRAITS).
 NGRAM_LOOKUPS: tuple[tuple[int, int], ...] = ((2, 4), (3, 5))
-DRAFT_METHODS: tuple[Method, ...] = (
-    Method.EAGLE3,
-    Method.EAGLE,
-    Method.MTP,
-    Method.DSPARK,
-    Method.DFLASH,
-    Method.DRAFT_MODEL,
-    Method.MEDUSA,
-)
-
-
-def fixed_length(method: Method) -> bool:
-    """Every step drafts exactly k tokens, so vLLM's per-position acceptance is unbiased."""
-    return method.is_chain_drafter or method in {Method.DFLASH, Method.DSPARK}
-
-
-def mtp_depths(layers: int, max_depth: int = 8) -> tuple[int, ...]:
-    """Depths vLLM accepts for MTP: any K <= n_predict, above that multiples of n_predict."""
-    n = max(1, layers)
-    upper = max(max_depth, n)
-    return tuple(sorted({k for k in range(1, n + 1)} | {k for k in range(2 * n, upper + 1, n)}))
 
 
 @dataclass(frozen=True)
@@ -61,7 +47,7 @@ class MethodOptions:
 
     @property
     def fixed_length(self) -> bool:
-        return fixed_length(self.method)
+        return self.method.fixed_length
 
     def spec(self, depth: int, lookup: tuple[int, int] | None = None) -> SpecConfig:
         if self.method is Method.OFF:
@@ -151,10 +137,11 @@ def build_space(
     catalog = DEFAULT_CATALOG if catalog is None else catalog
     drafts = dict(drafts or {})
     wanted = None if methods is None else {Method(m) for m in methods}
-    lo, hi = depth_range or (CHAIN_DEPTHS[0], CHAIN_DEPTHS[-1])
+    lo, hi = depth_range or DEFAULT_DEPTH_RANGE
     chain = tuple(range(max(1, lo), max(1, hi) + 1))
     lookups = tuple(tuple(x) for x in (ngram_lookups or NGRAM_LOOKUPS))
-    blocks = {**BLOCK_SIZES, **{Method(k): tuple(v) for k, v in (block_sizes or {}).items()}}
+    blocks = {m: t.default_depths for m, t in METHOD_TRAITS.items() if t.depth_rule is DepthRule.BLOCK_SIZE}
+    blocks.update({Method(k): tuple(v) for k, v in (block_sizes or {}).items()})
     options: list[MethodOptions] = []
     excluded: list[ExcludedMethod] = []
     notes: list[str] = []
@@ -170,13 +157,13 @@ def build_space(
     def want(method: Method) -> bool:
         return wanted is None or method in wanted
 
-    if want(Method.NGRAM) and allowed(Method.NGRAM):
-        options.append(MethodOptions(Method.NGRAM, chain, lookups=lookups))
-    if wanted is not None and Method.NGRAM_GPU in wanted and allowed(Method.NGRAM_GPU):
-        options.append(MethodOptions(Method.NGRAM_GPU, chain, lookups=lookups))
-    if want(Method.SUFFIX) and allowed(Method.SUFFIX):
-        depths = SUFFIX_DEPTHS if depth_range is None else chain
-        options.append(MethodOptions(Method.SUFFIX, depths))
+    for method, t in METHOD_TRAITS.items():  # the drafter-free methods
+        if method is Method.OFF or t.draft is not DraftNeed.NONE:
+            continue
+        asked = want(method) if t.searched_by_default else (wanted is not None and method in wanted)
+        if asked and allowed(method):
+            depths = t.default_depths if t.default_depths and depth_range is None else chain
+            options.append(MethodOptions(method, depths, lookups=lookups if t.prompt_lookup else ()))
 
     def draft_candidates(method: Method) -> list[tuple[str | None, str, bool | None, str | None]]:
         supplied = [(d, "request", None, None) for d in drafts.get(method, ())]
@@ -202,11 +189,11 @@ def build_space(
             excluded.append(ExcludedMethod(Method.MTP, reason))
 
     for method in DRAFT_METHODS:
-        if method is Method.MTP or not want(method):
+        if method is Method.MTP or not want(method):  # MTP above: its native heads come from config.json
             continue
         candidates = draft_candidates(method)
         if not candidates:
-            if method is Method.DSPARK and wanted is not None:
+            if method.traits.draft is DraftNeed.OPTIONAL and wanted is not None:  # the target's own (dspark)
                 candidates = [(None, "target", None, None)]
             elif wanted is not None and method in wanted:
                 excluded.append(ExcludedMethod(method, "no draft checkpoint supplied or in the catalog"))

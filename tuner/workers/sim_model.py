@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tuner.domain import Method, SpecConfig
+from tuner.domain import Method, Proposer, SpecConfig
 from tuner.workers.sim_profiles import ModelProfile, WorkloadProfile
 
 # a_1 for a chat workload and the per-position multiplier after it (a_i = a_1 * decay^(i-1)).
@@ -38,8 +38,6 @@ _DRAFT_COST: dict[Method, float] = {
 }
 # Per-request CPU work of a lookup proposer per step (grows with batch where the GPU cost does not).
 _LOOKUP_CPU_US = {Method.NGRAM: 40.0, Method.NGRAM_GPU: 5.0, Method.SUFFIX: 60.0}
-_BLOCK = {Method.DFLASH, Method.DSPARK, Method.MEDUSA}  # one drafter pass whatever k
-_LOOKUP = {Method.NGRAM, Method.NGRAM_GPU, Method.SUFFIX}
 _ASSISTANT_MTP = (0.80, 0.93)  # no public figure yet: between EAGLE-3 and a native MTP head
 _MTP_REUSE_DECAY = 0.8  # a reused MTP head loses ~20% conditional acceptance per extra position
 _EAGER_FIXED = 1.5  # enforce_eager: no CUDA graphs, launch-bound fixed costs
@@ -84,7 +82,7 @@ def acceptance(
         return ()
     method = spec.method
     shift = workload.acceptance_shift
-    if method in _LOOKUP:
+    if method.traits.proposer is Proposer.LOOKUP:
         lo, hi = lookup_bounds(spec)
         if method is Method.SUFFIX:
             a1 = 0.62 + 0.3 * workload.ngram_match + 0.3 * shift
@@ -201,13 +199,13 @@ def draft_ms(
 ) -> float:
     method = spec.method
     frac = model.method_draft_cost.get(method)
-    if method in _LOOKUP:
+    if method.traits.proposer is Proposer.LOOKUP:
         return (frac if frac is not None else _DRAFT_COST[method]) * verify + _LOOKUP_CPU_US[method] * batch / 1e3
     frac = (frac if frac is not None else _DRAFT_COST.get(method, 0.08)) * model.draft_cost_scale
     kv_share = 1.0 if method is Method.DRAFT_MODEL else 0.05
     fixed = model.target_step_ms * (2.0 if eager else 1.0)
     one_pass = frac * (fixed + model.per_token_us * batch / 1e3 + model.per_kv_token_us * kv_share * batch * ctx / 1e3)
-    return one_pass if method in _BLOCK else one_pass * k
+    return one_pass if method.traits.proposer is Proposer.BLOCK else one_pass * k  # a block: one pass
 
 
 @dataclass(frozen=True)

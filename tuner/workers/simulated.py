@@ -32,6 +32,8 @@ from tuner.domain import (
     TrialResult,
     TrialSpec,
     TrialStatus,
+    mtp_depth_allowed,
+    parse_version,
 )
 from tuner.workers import sim_model
 from tuner.workers.correctness import compare, not_gated, ungated_reason
@@ -157,12 +159,12 @@ class SimulatedEngine:
             msg = f"ValueError: num_speculative_tokens must be > 0 for method '{method.value}', got {k}"
         elif method is Method.MTP and spec.model is None and self.model.mtp_layers <= 0:
             msg = f"ValueError: method 'mtp' needs MTP layers; {self.model.name} has none (num_nextn_predict_layers)"
-        elif method is Method.MTP and spec.model is None and k > self.model.mtp_layers and k % self.model.mtp_layers:
+        elif method is Method.MTP and spec.model is None and not mtp_depth_allowed(k, self.model.mtp_layers):
             msg = (
                 f"ValueError: num_speculative_tokens ({k}) must be divisible by the number of MTP layers "
                 f"(n_predict={self.model.mtp_layers})"
             )
-        elif method is Method.MEDUSA and _version_at_least(self.vllm_version, (0, 33)):
+        elif method is Method.MEDUSA and parse_version(self.vllm_version) >= (0, 33, 0):
             msg = "ValueError: method 'medusa' is not supported in this version of vLLM"
         elif spec.schedule and not method.supports_batch_schedule:
             msg = f"ValueError: num_speculative_tokens_per_batch_size is not supported for method '{method.value}'"
@@ -218,14 +220,6 @@ class SimulatedEngine:
         rng: random.Random | None,
     ) -> LevelResult:
         return level_result(self.model, workload, spec, level, serving, slo, requests, rng, self.noise)
-
-
-def _version_at_least(version: str, minimum: tuple[int, ...]) -> bool:
-    try:
-        parts = tuple(int(p) for p in version.split(".")[:2])
-    except ValueError:
-        return False
-    return parts >= minimum
 
 
 def _oom(spec: SpecConfig) -> Failure:

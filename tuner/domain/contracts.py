@@ -1,0 +1,84 @@
+"""What runners, evaluators and planners hand each other: a trial to run, its context, and the two
+protocols (an evaluator runs one trial; a planner proposes trials and concludes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from tuner.domain.outcome import TuneOutcome
+from tuner.domain.results import TrialResult
+from tuner.domain.serving import ModelRef, ServingConfig
+from tuner.domain.spec_config import SpecConfig
+from tuner.domain.workload import SLO, LoadLevel, TrafficRequest
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything needed to run one trial: one server configuration measured at every load level."""
+
+    model: ModelRef
+    spec: SpecConfig
+    levels: tuple[LoadLevel, ...]
+    requests: tuple[TrafficRequest, ...]
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    slo: SLO = field(default_factory=SLO)
+    hardware: str = "auto"
+    gpu_ids: tuple[int, ...] | None = None  # None: let the platform (or Ray) decide
+    correctness_prompts: int = 4  # first N requests replayed at temperature 0 for the gate
+    reference_outputs: tuple[tuple[int, ...], ...] | None = None  # baseline token ids of that subset
+    job_id: str | None = None
+    number: int | None = None  # the trial's number within its job
+    deadline_s: float | None = None  # whole-trial timeout
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "levels", tuple(self.levels))
+        object.__setattr__(self, "requests", tuple(self.requests))
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What a runner hands an evaluator beyond the spec: cancellation and process bookkeeping."""
+
+    is_cancelled: Callable[[], bool] = lambda: False
+    on_process_started: Callable[[int], None] = lambda pgid: None  # store the pgid for recovery
+    log_dir: str | None = None
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """Runs one trial. The real vLLM runner, the simulated engine or a caller's own callable."""
+
+    def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult: ...
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The next trial a planner wants run. ``number`` is stable within the job (Optuna's trial number)."""
+
+    number: int
+    spec: SpecConfig
+    purpose: str = "search"  # "baseline" | "search" | "confirm"
+
+
+class Planner(Protocol):
+    """Ask/tell contract between the job runner and a search.
+
+    ``ask`` returns the next proposal, or None when the search is done (budget spent, stopping rule met,
+    confirmations measured). ``tell`` records a result exactly once per number. ``abandon`` marks a trial
+    whose runner died as failed (never left running) and queues its configuration again. ``outcome`` is the
+    conclusion so far (see ``TuneOutcome``): deploy ``outcome.deployed``, whose speedup is ``outcome.speedup``.
+    """
+
+    def ask(self) -> Proposal | None: ...
+
+    def tell(self, number: int, result: TrialResult) -> None: ...
+
+    def abandon(self, number: int, reason: str) -> None: ...
+
+    def pending(self) -> list[Proposal]:
+        """Proposals asked for and not yet told (after a runner died: its trials in flight)."""
+        ...
+
+    def outcome(self) -> TuneOutcome: ...

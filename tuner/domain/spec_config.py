@@ -1,0 +1,96 @@
+"""What a trial runs: one speculative-decoding configuration, as vLLM's ``--speculative-config`` takes it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.domain.codec import canonical_json
+from tuner.domain.methods import Method
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """One speculative-decoding configuration, convertible exactly to vLLM's ``--speculative-config``.
+
+    ``schedule`` is vLLM's ``num_speculative_tokens_per_batch_size``: inclusive ``(start_bs, end_bs, K)``
+    ranges starting at 1, K >= 0 and <= ``num_speculative_tokens``. ``extra`` carries any further
+    speculative-config fields verbatim (``attention_backend``, ``suffix_decoding_*``, ...).
+    """
+
+    method: Method = Method.OFF
+    num_speculative_tokens: int = 0
+    model: str | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    schedule: tuple[tuple[int, int, int], ...] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", Method(self.method))
+        if self.schedule is not None:
+            object.__setattr__(self, "schedule", tuple(tuple(int(x) for x in r) for r in self.schedule))
+        object.__setattr__(self, "extra", dict(self.extra))
+
+    @property
+    def is_off(self) -> bool:
+        return self.method is Method.OFF
+
+    def to_vllm(self) -> dict[str, Any] | None:
+        """The dict vLLM's ``--speculative-config`` takes, or None for no speculation."""
+        if self.is_off:
+            return None
+        out: dict[str, Any] = {"method": self.method.value, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.model is not None:
+            out["model"] = self.model
+        if self.prompt_lookup_min is not None:
+            out["prompt_lookup_min"] = self.prompt_lookup_min
+        if self.prompt_lookup_max is not None:
+            out["prompt_lookup_max"] = self.prompt_lookup_max
+        if self.schedule is not None:
+            out["num_speculative_tokens_per_batch_size"] = [list(r) for r in self.schedule]
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_vllm(cls, config: Mapping[str, Any] | None) -> SpecConfig:
+        if not config:
+            return cls()
+        data = dict(config)
+        known = {
+            "method": Method(data.pop("method", "draft_model" if data.get("model") else "ngram")),
+            "num_speculative_tokens": int(data.pop("num_speculative_tokens", 0)),
+            "model": data.pop("model", None),
+            "prompt_lookup_min": data.pop("prompt_lookup_min", None),
+            "prompt_lookup_max": data.pop("prompt_lookup_max", None),
+            "schedule": data.pop("num_speculative_tokens_per_batch_size", None),
+        }
+        return cls(**known, extra=data)
+
+    def k_at(self, batch_size: int) -> int:
+        """The depth vLLM uses at this number of scheduled requests (gaps and tail carry the previous K)."""
+        if self.is_off:
+            return 0
+        if not self.schedule:
+            return self.num_speculative_tokens
+        k = self.num_speculative_tokens
+        for start, _end, kk in sorted(self.schedule):
+            if batch_size >= start:
+                k = kk
+        return min(k, self.num_speculative_tokens)
+
+    def label(self) -> str:
+        if self.is_off:
+            return "off"
+        parts = [f"{self.method.value} k={self.num_speculative_tokens}"]
+        if self.model:
+            parts.append(f"draft={self.model}")
+        if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
+            parts.append(f"lookup={self.prompt_lookup_min}-{self.prompt_lookup_max}")
+        if self.schedule:
+            parts.append("schedule=" + ",".join(f"{a}-{b}:{k}" for a, b, k in self.schedule))
+        return " ".join(parts)
+
+    def key(self) -> str:
+        return canonical_json(self.to_vllm())
