@@ -21,6 +21,7 @@ from tuner.domain import (
     LoadLevel,
     Method,
     Proposal,
+    Reclaimed,
     SpecConfig,
     Speedup,
     TrialContext,
@@ -147,9 +148,13 @@ class FakeEvaluator:
 
 
 class ThreadExecutor:
-    def __init__(self, evaluator: FakeEvaluator, slots: int = 1) -> None:
+    """Runs trials on threads. ``reclaims`` gets ``(job_id, trials run so far)`` per reclaim: the real
+    reclaim (killing a dead runner's servers) is the executors' contract suite's, on real process groups."""
+
+    def __init__(self, evaluator: FakeEvaluator, slots: int = 1, reclaims: list[tuple[str, int]] | None = None) -> None:
         self.evaluator = evaluator
         self.slots = slots
+        self.reclaims = [] if reclaims is None else reclaims
         self.pool = ThreadPoolExecutor(slots)
         self.active = 0
         self._lock = threading.Lock()
@@ -170,6 +175,10 @@ class ThreadExecutor:
                     self.active -= 1
 
         return self.pool.submit(run)
+
+    def reclaim(self, job_id: str) -> Reclaimed:
+        self.reclaims.append((job_id, len(self.evaluator.calls)))
+        return Reclaimed()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

@@ -1,3 +1,4 @@
+# Over 400 lines on purpose: publishing and answering share the row layout, the level ranges and the staleness rule.
 """Publish a finished search as recommendations, and answer ``GET /recommendation``.
 
 A job publishes one row for the whole concurrency range (the schedule when the search produced one, else the

@@ -9,6 +9,10 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tuner.domain import ExecutorKind
+
+__all__ = ["AuthMode", "ExecutorKind", "Settings", "parse_cpu_list"]
+
 
 class AuthMode(StrEnum):
     TOKENS = "tokens"  # bearer tokens with scopes (the default)
@@ -83,7 +87,9 @@ class Settings(BaseSettings):
     trial_deadline_s: float | None = 3600.0
     confirm_runs: int = Field(default=3, ge=3, le=10, description="Fresh-server re-measurements before recommending.")
     gpus: str | None = Field(default=None, description="Comma-separated GPU indices to use; default: detect.")
-    executor: str = Field(default="local", description="local | ray")
+    executor: ExecutorKind = Field(
+        default=ExecutorKind.LOCAL, description="Where trials run: local (this host's GPUs) | ray (a Ray cluster's)."
+    )
     ray_address: str | None = None
     vllm_extra_env: dict[str, str] = Field(default_factory=dict)
     cpu_vllm: bool = Field(

@@ -14,7 +14,6 @@ tokenizers give on English and code); the replay always takes output lengths fro
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,8 +23,8 @@ import orjson
 
 from tuner import json_input
 from tuner.domain import TrafficFormat, TrafficRequest, fingerprint, percentile
+from tuner.domain.prompt_kind import CHARS_PER_TOKEN, looks_like_code, repetitiveness
 
-CHARS_PER_TOKEN = 4.0
 MAX_ERRORS_REPORTED = 20
 # Bounds that make a sample replayable: an arrival offset past a week, or a token count past any context, is a
 # mistake found here rather than in a trial hours later.
@@ -239,30 +238,11 @@ def sample_stats(requests: Sequence[TrafficRequest]) -> TrafficStats:
         output_tokens_p50=percentile(outputs, 50),
         output_tokens_p90=percentile(outputs, 90),
         repetitiveness=statistics.fmean(repetitiveness(r.prompt_text()) for r in requests),
-        code_fraction=sum(_looks_like_code(r.prompt_text()) for r in requests) / len(requests),
+        code_fraction=sum(looks_like_code(r.prompt_text()) for r in requests) / len(requests),
         has_arrival_times=all(r.arrival_s is not None for r in requests),
         has_output_lengths=all(r.output_tokens is not None for r in requests),
         formats=tuple(sorted({r.format.value for r in requests})),
     )
-
-
-_CODE = re.compile(r"(\bdef |\bclass |\breturn\b|[{};]\s*$|^\s*(import|from|#include|function)\b)", re.M)
-
-
-def repetitiveness(text: str, n: int = 4) -> float:
-    """Share of word n-grams that occur more than once: what a prompt-lookup (n-gram) drafter can copy."""
-    words = text[:20000].split()
-    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
-    if not grams:
-        return 0.0
-    counts: dict[tuple[str, ...], int] = {}
-    for g in grams:
-        counts[g] = counts.get(g, 0) + 1
-    return sum(c for c in counts.values() if c > 1) / len(grams)
-
-
-def _looks_like_code(text: str) -> bool:
-    return len(_CODE.findall(text[:20000])) >= 3
 
 
 def _band(value: float, edges: Sequence[tuple[float, str]], last: str) -> str:

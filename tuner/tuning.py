@@ -18,10 +18,7 @@ from tuner.domain import (
     Engine,
     JobSpec,
     JobStatus,
-    Proposal,
     TrafficRequest,
-    TrialResult,
-    TrialStatus,
     fingerprint,
     from_jsonable,
     to_jsonable,
@@ -31,11 +28,11 @@ from tuner.store.models import DEFAULT_TEAM, JobRow, TrafficSampleRow, TrialRow,
 from tuner.traffic import requests_from_json, requests_to_json, sample_fingerprint, sample_stats
 
 
-def _now() -> datetime:
+def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def _aware(dt: datetime | None) -> datetime | None:
+def as_utc(dt: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes for timezone-aware columns; they were written in UTC."""
     if dt is not None and dt.tzinfo is None:
         return dt.replace(tzinfo=UTC)
@@ -60,7 +57,7 @@ def create_traffic(
     if not requests:
         raise InvalidInput("the traffic sample holds no request", errors=[{"field": "traffic"}])
     stats = sample_stats(requests)
-    now = _now()
+    now = utc_now()
     row = TrafficSampleRow(
         id=new_id(),
         name=name,
@@ -112,7 +109,7 @@ def delete_traffic_content(session: Session, traffic_id: str, team: str | None =
     _forget_outputs(session, traffic_id)
     if row.content is not None:
         row.content = None
-        row.content_deleted_at = _now()
+        row.content_deleted_at = utc_now()
     return row
 
 
@@ -126,7 +123,7 @@ def _forget_outputs(session: Session, traffic_id: str) -> None:
 
 
 def purge_expired_traffic(session: Session, now: datetime | None = None) -> int:
-    now = now or _now()
+    now = now or utc_now()
     rows = session.scalars(
         select(TrafficSampleRow).where(
             TrafficSampleRow.expires_at.is_not(None),
@@ -200,7 +197,7 @@ def submit_job(
         status=JobStatus.QUEUED.value,
         idempotency_key=_team_key(team, idempotency_key) if idempotency_key else None,
         request_fingerprint=body_fp,
-        created_at=_now(),
+        created_at=utc_now(),
         progress={"trials_finished": 0, "trials_failed": 0, "max_trials": spec.budget.max_trials},
     )
     session.add(row)
@@ -233,7 +230,7 @@ def request_cancel(session: Session, job_id: str, team: str | None = None) -> Jo
     row.cancel_requested = True
     if row.status == JobStatus.QUEUED.value:
         row.status = JobStatus.CANCELLED.value
-        row.finished_at = _now()
+        row.finished_at = utc_now()
     return row
 
 
@@ -253,7 +250,7 @@ def claim_job(
     is claimed even when its cancel was requested: the claimer kills what the dead runner left and ends the
     job as cancelled (a queued job is cancelled at once by ``request_cancel``, so it never waits here).
     """
-    now = _now()
+    now = utc_now()
     stale = now - timedelta(seconds=stale_after_s)
     eligible = or_(
         and_(JobRow.status == JobStatus.QUEUED.value, JobRow.cancel_requested.is_(False)),
@@ -328,24 +325,12 @@ def fence(session: Session, claim: Claim) -> bool:
             JobRow.attempts == claim.epoch,
             JobRow.status == JobStatus.RUNNING.value,
         )
-        .values(heartbeat_at=_now())
+        .values(heartbeat_at=utc_now())
         .execution_options(synchronize_session=False)
     )
     if res.rowcount != 1:  # type: ignore[attr-defined]
         raise LostClaim(f"job {claim.job_id} is no longer held by {claim.worker} (epoch {claim.epoch})")
     return bool(session.scalar(select(JobRow.cancel_requested).where(JobRow.id == claim.job_id)))
-
-
-def heartbeat(session: Session, job_id: str, worker: str) -> tuple[bool, bool]:
-    """Refresh the claim. Returns (still ours, cancel requested)."""
-    res = session.execute(
-        update(JobRow)
-        .where(JobRow.id == job_id, JobRow.claimed_by == worker, JobRow.status == JobStatus.RUNNING.value)
-        .values(heartbeat_at=_now())
-        .execution_options(synchronize_session=False)
-    )
-    cancel = session.scalar(select(JobRow.cancel_requested).where(JobRow.id == job_id))
-    return res.rowcount == 1, bool(cancel)  # type: ignore[attr-defined]
 
 
 def finished_under(session: Session, claim: Claim) -> JobStatus | None:
@@ -366,109 +351,10 @@ def finish_job(
     res = session.execute(
         update(JobRow)
         .where(*conditions)
-        .values(status=status.value, error=error, finished_at=_now())
+        .values(status=status.value, error=error, finished_at=utc_now())
         .execution_options(synchronize_session=False)
     )
     return res.rowcount == 1  # type: ignore[attr-defined]
-
-
-def set_progress(session: Session, job_id: str, progress: dict, best: dict | None) -> None:
-    row = get_job(session, job_id)
-    row.progress = progress
-    if best is not None:
-        row.best = best
-
-
-# --------------------------------------------------------------------------------------------------
-# Trials
-# --------------------------------------------------------------------------------------------------
-def start_trial(session: Session, job_id: str, proposal: Proposal, *, levels: list, worker: str) -> TrialRow:
-    """Record a trial as running before anything is launched (so a recoverer knows of it)."""
-    row = session.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.number == proposal.number)).first()
-    if row is not None and TrialStatus(row.status).is_finished():
-        raise Conflict(f"trial {proposal.number} of job {job_id} already finished")
-    if row is None:
-        row = TrialRow(job_id=job_id, number=proposal.number)
-        session.add(row)
-    row.purpose = proposal.purpose
-    row.method = proposal.spec.method.value
-    row.config = to_jsonable(proposal.spec)
-    row.levels = levels
-    row.status = TrialStatus.RUNNING.value
-    row.engine = ""
-    row.worker = worker
-    row.started_at = _now()
-    session.flush()
-    return row
-
-
-def set_trial_pgid(session: Session, job_id: str, number: int, pgid: int) -> None:
-    session.execute(
-        update(TrialRow)
-        .where(TrialRow.job_id == job_id, TrialRow.number == number)
-        .values(pgid=pgid)
-        .execution_options(synchronize_session=False)
-    )
-
-
-def finish_trial(session: Session, job_id: str, number: int, result: TrialResult) -> TrialResult | None:
-    """Store a result once; returns the trial's stored result. A second result for a finished trial is not
-    stored (no result stored twice): the first one is returned, so a retry whose first commit went through
-    carries on with it. None: no such trial, or it was abandoned (failed without a result)."""
-    row = session.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.number == number)).first()
-    if row is None:
-        return None
-    if TrialStatus(row.status).is_finished():
-        return trial_result(row)
-    now = _now()
-    row.status = result.status.value
-    row.engine = result.engine.value
-    row.result = to_jsonable(result)
-    row.failure_class = result.failure.cls.value if result.failure else None
-    row.failure_reason = result.failure.reason if result.failure else None
-    row.log_path = result.log_path
-    row.pgid = result.pgid if result.pgid is not None else row.pgid
-    row.finished_at = now
-    started = _aware(row.started_at)
-    row.duration_s = (
-        result.wall_s if result.wall_s is not None else (now - started).total_seconds() if started else None
-    )
-    return result
-
-
-def trial_result(row: TrialRow) -> TrialResult | None:
-    return from_jsonable(TrialResult, row.result) if row.result else None
-
-
-def abandoned_trials(session: Session, job_id: str) -> list[TrialRow]:
-    return list(
-        session.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.status == TrialStatus.RUNNING.value))
-    )
-
-
-def finished_trials_with_processes(session: Session, host: str, since: datetime) -> list[TrialRow]:
-    """Trials run on ``host`` that are over (in the store) but recorded a process group: where an orphan
-    server can be left when the job was recovered from another host, which cannot kill it."""
-    open_states = (TrialStatus.QUEUED.value, TrialStatus.RUNNING.value)
-    return list(
-        session.scalars(
-            select(TrialRow).where(
-                TrialRow.pgid.is_not(None),
-                TrialRow.status.not_in(open_states),
-                TrialRow.worker.like(f"%@{host}"),
-                TrialRow.finished_at >= since,
-            )
-        )
-    )
-
-
-def mark_trial_abandoned(session: Session, row: TrialRow, reason: str) -> None:
-    """A trial whose runner died: failed as infrastructure, so the number is never reused for a result."""
-    row.status = TrialStatus.FAILED.value
-    row.failure_class = "infrastructure"
-    row.failure_reason = reason
-    row.finished_at = _now()
-    row.engine = row.engine or "unknown"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -483,14 +369,10 @@ def report_worker(session: Session, name: str, report: dict) -> None:
     row.hardware = report.get("hardware")
     row.vllm_version = report.get("vllm_version")
     row.driver = report.get("driver")
-    row.last_seen = _now()
+    row.last_seen = utc_now()
 
 
 def hardware_seen(session: Session, hardware: str) -> bool:
     """Whether any worker has reported this chip family (a Ray runner reports each family its cluster has)."""
     rows = session.scalars(select(WorkerRow)).all()
     return any(r.hardware == hardware or hardware in (r.report or {}).get("families", ()) for r in rows)
-
-
-def engine_label(engine: str) -> str:
-    return "SIMULATED (not a measurement)" if engine == Engine.SIMULATED.value else engine

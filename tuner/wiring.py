@@ -6,9 +6,7 @@ This is the one module that knows all the packages; api, search, workers and sto
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,14 +19,15 @@ from tuner.domain import (
     Method,
     Planner,
     TrafficRequest,
+    TrialExecutor,
 )
 from tuner.errors import InvalidInput
-from tuner.job_runner import JobRunner, TrialExecutor
+from tuner.job_runner import JobRunner
 from tuner.settings import Settings
 
 if TYPE_CHECKING:
     from tuner.search import CompatRule
-    from tuner.workers.executors import EvaluatorRecipe
+    from tuner.workers.executors import EvaluatorRecipe, ExecutorBackend, Placement
 
 log = logging.getLogger("tuner.wiring")
 
@@ -37,47 +36,29 @@ def study_name(job_id: str) -> str:
     return f"tuner-job-{job_id}"
 
 
-@lru_cache(maxsize=4)
-def _host_report(vllm_python: str | None) -> dict[str, Any]:
-    from tuner.workers.hardware import host_report, probe_vllm_version
+def executor_backend(settings: Settings) -> ExecutorBackend:
+    """The kind of executor this worker's trials run on (``TUNER_EXECUTOR``), from the workers' registry."""
+    from tuner.workers.executors import EXECUTORS
 
-    def probe() -> str | None:
-        if vllm_python:
-            import subprocess
-
-            try:
-                out = subprocess.run(
-                    [vllm_python, "-c", "import vllm; print(vllm.__version__)"],
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                    check=False,
-                )
-                return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
-            except (OSError, subprocess.TimeoutExpired):
-                return None
-        return probe_vllm_version()
-
-    report = host_report(vllm_version_probe=probe)
-    data = report.to_dict()
-    data.setdefault("hardware", report.family())  # "cpu" without GPUs, None when they are mixed
-    return data
+    return EXECUTORS[settings.executor]
 
 
-_RAY_REPORT_TTL_S = 300.0
-_ray_reports: dict[str | None, tuple[float, dict[str, Any]]] = {}
+def placement(settings: Settings) -> Placement:
+    """Where this worker's trials may run, read from its settings for the executor backend. On the SQLite
+    store a local executor runs one trial at a time: SQLite takes one writer at a time, and parallel trials
+    on one file (several runners, Optuna's storage) end in "database is locked"; use PostgreSQL for parallel
+    trials."""
+    from tuner.workers.executors import Placement
 
-
-def _ray_report(address: str | None) -> dict[str, Any]:
-    from tuner.workers.executors.ray_cluster import cluster_report, connect
-
-    cached = _ray_reports.get(address)
-    if cached is not None and time.monotonic() - cached[0] < _RAY_REPORT_TTL_S:
-        return cached[1]
-    connect(address)
-    report = cluster_report()
-    _ray_reports[address] = (time.monotonic(), report)
-    return report
+    gpus = tuple(int(g) for g in settings.gpus.split(",")) if settings.gpus else (() if settings.cpu_vllm else None)
+    return Placement(
+        lease_dir=lease_dirs(settings)[0],
+        gpus=gpus,
+        max_parallel=1 if settings.db_url.startswith("sqlite") else None,
+        vllm_python=settings.vllm_python,
+        ray_address=settings.ray_address,
+        num_cpus_per_trial=ray_trial_cpus(settings),
+    )
 
 
 def host_report(settings: Settings) -> dict[str, Any]:
@@ -86,9 +67,7 @@ def host_report(settings: Settings) -> dict[str, Any]:
     A Ray runner reports the cluster's GPU nodes (chip, count, memory, driver and vLLM version per node, as
     each node detects them) instead of the driver's host; ``hardware`` is the cluster's family when it has
     one, else None (``families`` lists them). Re-read every few minutes."""
-    if settings.executor == "ray":
-        return _ray_report(settings.ray_address)
-    return _host_report(settings.vllm_python)
+    return executor_backend(settings).report(placement(settings))
 
 
 def optuna_storage_url(settings: Settings) -> str:
@@ -181,7 +160,7 @@ def runner_options(settings: Settings, log_dir: Path) -> dict[str, Any]:
         "client_cpus": settings.client_cpu_list,
         "model_roots": settings.model_root_list,
     }
-    if settings.executor == "ray":
+    if executor_backend(settings).reserves_trial_cpus:  # a trial reserves a CPU per client up front
         options["max_client_processes"] = ray_client_processes(settings)
     elif settings.max_client_processes is not None:
         options["max_client_processes"] = settings.max_client_processes
@@ -206,74 +185,23 @@ def ray_trial_cpus(settings: Settings) -> float:
 
 
 def make_executor(settings: Settings, spec: JobSpec) -> TrialExecutor:
-    """The executor one job's trials run on.
+    """The executor one job's trials run on, built by the backend of ``TUNER_EXECUTOR`` (see
+    :mod:`tuner.workers.executors.registry`) from the job's recipe: the simulated engine or the vLLM runner.
 
-    ``TUNER_EXECUTOR=ray``: a Ray executor for the job's hardware, for vLLM and simulated jobs alike (the
-    recipe carries the engine; simulated trials then take GPUs of the job's chip like real ones). A
-    simulated job for a chip the cluster lacks runs on this host's CPU instead, as it would locally (the
-    simulated engine stands in for any chip). Otherwise a local executor on this host's GPUs. On the SQLite
-    store a local executor runs one trial at a time: SQLite takes one writer at a time, and parallel trials
-    on one file (several runners, Optuna's storage) end in "database is locked"; use PostgreSQL for
-    parallel trials.
+    ``ray``: a Ray executor for the job's hardware, for vLLM and simulated jobs alike (simulated trials then
+    take GPUs of the job's chip like real ones); a simulated job for a chip the cluster lacks runs on this
+    host's CPU instead, as it would locally. ``local``: a local executor on this host's GPUs (one trial at a
+    time on SQLite, see :func:`placement`), the CPU slot for simulated jobs.
     """
-    from tuner.workers.executors import EvaluatorRecipe, LocalExecutor, build_evaluator
+    from tuner.workers.executors import EvaluatorRecipe
 
-    log_dir = settings.log_dir
-    lease_dir = lease_dirs(settings)[0]
-    one_at_a_time = 1 if settings.db_url.startswith("sqlite") else None
     if spec.engine is Engine.SIMULATED:
         recipe = simulated_recipe(
             spec, pace_s=settings.simulated_trial_s, placeholder_process=settings.simulated_placeholder_process
         )
-        if settings.executor == "ray" and _ray_has(settings, spec.hardware):
-            from tuner.workers.executors import RayExecutor
-
-            return RayExecutor(recipe, address=settings.ray_address, hardware=spec.hardware)
-        # The simulated engine stands in for the requested chip, whatever this host has.
-        family = None if spec.hardware == "auto" else spec.hardware
-        return LocalExecutor(
-            build_evaluator(recipe),
-            gpus=[],
-            lease_dir=lease_dir,
-            hardware=spec.hardware,
-            family=family,
-            engine=Engine.SIMULATED,
-        )
-    options = runner_options(settings, log_dir)
-    if settings.executor == "ray":
-        from tuner.workers.executors import RayExecutor
-
-        return RayExecutor(
-            EvaluatorRecipe(Engine.VLLM, options),
-            address=settings.ray_address,
-            hardware=spec.hardware,
-            num_cpus_per_trial=ray_trial_cpus(settings),
-        )
-    evaluator = build_evaluator(EvaluatorRecipe(Engine.VLLM, options))
-    gpus = [int(g) for g in settings.gpus.split(",")] if settings.gpus else ([] if settings.cpu_vllm else None)
-    return LocalExecutor(
-        evaluator,
-        gpus=gpus,
-        lease_dir=lease_dir,
-        hardware=spec.hardware,
-        engine=Engine.VLLM,
-        max_parallel=one_at_a_time,
-    )
-
-
-def _ray_has(settings: Settings, hardware: str) -> bool:
-    """True when the Ray cluster has GPU nodes of ``hardware`` (any GPU node of a known chip for "auto")."""
-    from tuner.workers.executors.ray_cluster import cluster_families, connect
-    from tuner.workers.hardware import canonical_family
-
-    connect(settings.ray_address)
-    families = cluster_families()
-    if hardware == "auto":
-        return bool(families)
-    if canonical_family(hardware) in families:
-        return True
-    log.warning("the Ray cluster has no %s GPUs (%s): the simulated job runs on this host's CPU", hardware, families)
-    return False
+    else:
+        recipe = EvaluatorRecipe(Engine.VLLM, runner_options(settings, settings.log_dir))
+    return executor_backend(settings).executor(recipe, hardware=spec.hardware, placement=placement(settings))
 
 
 def compat_rules(settings: Settings) -> tuple[CompatRule, ...]:
@@ -288,6 +216,8 @@ def compat_rules(settings: Settings) -> tuple[CompatRule, ...]:
 def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: bool = True) -> JobRunner:
     # Read here so a bad rules file stops the runner at start; make_planner reads it again per job, so an
     # edited file applies without a restart (a few rules: cheap next to planning).
+    from tuner.workers.process_group import KILL_GRACE_S, group_alive, kill_process_group
+
     compat_rules(settings)
     report_data = host_report(settings) if report else None
     return JobRunner(
@@ -303,6 +233,8 @@ def make_runner(settings: Settings, factory: sessionmaker[Session], *, report: b
         hardware=claimable_hardware(settings, report_data),
         trial_deadline_s=settings.trial_deadline_s,
         held_by_live_runner=lambda pgid: _held_by_live_runner(settings, pgid),
+        kill_group=lambda pgid: kill_process_group(pgid, grace_s=KILL_GRACE_S),
+        group_alive=group_alive,
         db_retry_s=settings.db_retry_s,
     )
 
@@ -325,12 +257,4 @@ def claimable_hardware(settings: Settings, report: dict[str, Any] | None) -> Seq
     Locally: its GPUs' family (each family on a mixed host; None without a report: anything). With Ray: the
     families of the cluster's GPU nodes, read from their accelerator types and re-read as nodes join and
     leave, so a Ray runner never claims a job for a chip its cluster lacks."""
-    if settings.executor == "ray":
-        from tuner.workers.executors.ray_cluster import ClusterHardware
-
-        return ClusterHardware(settings.ray_address)
-    if report is None:
-        return None
-    families = sorted({g["family"] for g in report.get("gpus") or () if g.get("family")})
-    family = report.get("hardware")
-    return families or ([family] if family else [])
+    return executor_backend(settings).claimable_hardware(placement(settings), report)

@@ -42,7 +42,7 @@ def _value(tp: Any, depth: int = 0) -> Any:
             return (_value(args[0], depth), _value(args[0], depth))
         return tuple(_value(a, depth) for a in args)
     if origin in (Mapping, dict, typing.Mapping):
-        return {"key": _value(args[1], depth)}
+        return {_value(args[0], depth): _value(args[1], depth)}
     if isinstance(tp, type) and issubclass(tp, StrEnum):
         return list(tp)[-1]
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):

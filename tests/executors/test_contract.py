@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from tuner.domain import Engine, FailureClass, TrialContext, TrialResult, TrialStatus
 from tuner.workers.executors import EvaluatorRecipe, Executor, ExecutorClosed, HardwareMismatch, LocalExecutor
 from tuner.workers.executors.recipe import build_evaluator
-from tuner.workers.executors.testing import group_gone, make_spec, read_records, wait_for
+from tuner.workers.executors.testing import group_gone, leave_trial, make_spec, read_records, wait_for
 
 MakeExecutor = Callable[..., Executor]
 TESTING = "tuner.workers.executors.testing"
@@ -19,7 +20,10 @@ TESTING = "tuner.workers.executors.testing"
 
 @pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.ray)])
 def make_executor(request: pytest.FixtureRequest, tmp_path: Path) -> MakeExecutor:
-    """``make_executor(evaluator_name, **options)`` -> an MI300X executor running that test evaluator."""
+    """``make_executor(evaluator_name, **options)`` -> an MI300X executor running that test evaluator.
+
+    ``make_executor.records``: (kind, directory) of the files its trials record their process groups in,
+    for ``testing.leave_trial``: the GPU lease (local), this host's trial records (Ray)."""
     made: list[Executor] = []
 
     def make(name: str = "SleepEvaluator", **options: object) -> Executor:
@@ -37,10 +41,18 @@ def make_executor(request: pytest.FixtureRequest, tmp_path: Path) -> MakeExecuto
             request.getfixturevalue("ray_cluster")
             from tuner.workers.executors.ray_executor import RayExecutor
 
-            ex = RayExecutor(recipe, hardware="mi300x", hang_grace_s=0.5, cancel_grace_s=5)
+            ex = RayExecutor(
+                recipe, hardware="mi300x", hang_grace_s=0.5, cancel_grace_s=5, ledger_dir=tmp_path / "ledger"
+            )
         made.append(ex)
         return ex
 
+    if request.param == "local":
+        make.records = ("lease", tmp_path / "lease")  # type: ignore[attr-defined]
+    else:
+        from tuner.workers.executors.ray_tasks import ledger_dir
+
+        make.records = ("record", ledger_dir(str(tmp_path / "ledger")))  # type: ignore[attr-defined]
     yield make
     for ex in made:
         ex.close()
@@ -94,3 +106,22 @@ def test_caller_errors_raise(make_executor: MakeExecutor) -> None:
     with pytest.raises(ExecutorClosed):
         ex.submit(make_spec(1), TrialContext())
     assert ex.free_slots(1) == 0
+
+
+def test_reclaim_kills_what_a_dead_runner_left_of_the_job_and_nothing_else(make_executor: MakeExecutor) -> None:
+    kind, directory = make_executor.records  # type: ignore[attr-defined]
+    job = uuid.uuid4().hex
+    orphaned = leave_trial(kind, directory, job, 0, die=True)  # its runner died, its server did not
+    held = leave_trial(kind, directory, job, 1, die=False)  # a live runner (fenced, say) still holds it
+    other = leave_trial(kind, directory, job + "0", 2, die=True)  # another job's (whose id starts like it)
+    try:
+        reclaimed = make_executor().reclaim(job)  # a fresh executor: it ran none of them
+        assert reclaimed.killed == (orphaned.pgid,)
+        assert reclaimed.held == (held.pgid,)
+        assert reclaimed.unreachable == ()
+        wait_for(lambda: group_gone(orphaned.pgid), 10, "the orphaned group to be gone")
+        assert not group_gone(held.pgid) and not group_gone(other.pgid)
+        assert make_executor().reclaim(job).killed == ()  # nothing left to kill
+    finally:
+        for left in (orphaned, held, other):
+            left.stop()

@@ -85,7 +85,7 @@ def test_a_hung_trial_is_killed_at_the_jobs_deadline(db_url: str, tmp_path: Path
 def test_the_runner_gets_the_deadline_from_the_settings(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, trial_deadline_s=123.0)
     runner = make_runner(settings, make_session_factory(make_engine(settings.db_url)), report=False)
-    assert runner._trial_deadline_s == 123.0
+    assert runner.config.trial_deadline_s == 123.0
 
 
 def test_sqlite_runs_trials_one_at_a_time(tmp_path: Path) -> None:

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tuner.domain import Engine, FailureClass, TrialContext, TrialStatus
 from tuner.workers.executors import EvaluatorRecipe, HardwareMismatch
 from tuner.workers.executors.testing import group_gone, make_spec, read_records, wait_for
+from tuner.workers.process_group import kill_process_group
 
 MI300X_OAM = "AMD-Instinct-MI300X-OAM"
 MI300X_HF = "AMD-Instinct-MI300X-HF"
@@ -289,3 +293,64 @@ def test_node_lost_mid_trial_is_retried_on_another_node(ray_cluster, tmp_path):
         for node_id, node in nodes.items():
             if node_id not in removed:
                 cluster.remove_node(node)
+
+
+_DRIVER = """
+import sys, time
+import ray
+from tuner.domain import TrialContext
+from tuner.workers.executors import EvaluatorRecipe
+from tuner.workers.executors.ray_executor import RayExecutor
+from tuner.workers.executors.testing import make_spec
+address, records, ledger, job = sys.argv[1:5]
+ray.init(address=address, log_to_driver=False, _node_ip_address="127.0.0.1")
+recipe = EvaluatorRecipe(
+    "simulated", {"record_dir": records, "duration_s": 3600}, factory="tuner.workers.executors.testing:SleepEvaluator"
+)
+ex = RayExecutor(recipe, hardware="mi300x", ledger_dir=ledger)
+ex.submit(make_spec(3, hardware="mi300x", job_id=job), TrialContext())
+time.sleep(3600)
+"""
+
+
+def test_a_dead_drivers_trial_is_reclaimed_on_its_node(ray_cluster, tmp_path):
+    """The runner (the Ray driver) and its task's worker die mid-trial (SIGKILL: nothing cleans up), the
+    trial's server group lives on, and a fresh executor's reclaim finds it in the node's trial record and kills
+    it. (Ray ends a dead driver's tasks gracefully when it can, and the evaluator then stops its server itself;
+    the worker is frozen first so that this test is about the case it cannot.)"""
+    records, ledger = tmp_path / "records", tmp_path / "ledger"
+    records.mkdir()
+    job = "0123456789abcdef"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER, ray_cluster.cluster.address, str(records), str(ledger), job]
+    )
+    try:
+        (start,) = wait_for(lambda: read_records(records, "start"), 120, "the driver's trial to start")
+        os.kill(start["pid"], signal.SIGSTOP)
+        driver.kill()
+        driver.wait(timeout=30)
+        os.kill(start["pid"], signal.SIGKILL)
+        wait_for(lambda: not _alive(start["pid"]), 60, "the task's worker to be gone")
+        assert not group_gone(start["pgid"])  # the trial's "server" outlived its runner
+        ex = RayExecutor(sleep_recipe(tmp_path), hardware="mi300x", ledger_dir=ledger)
+        try:
+            assert ex.reclaim("0123456789abcde").killed == ()  # another job's id, a prefix of this one
+            reclaimed = ex.reclaim(job)
+        finally:
+            ex.close()
+        assert reclaimed.killed == (start["pgid"],) and reclaimed.held == () and reclaimed.unreachable == ()
+        wait_for(lambda: group_gone(start["pgid"]), 30, "the trial's process group to be killed")
+        assert not any(ledger.rglob("*.lock"))  # the reclaimed record is gone too
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        for start in read_records(records, "start"):
+            kill_process_group(start["pgid"], grace_s=1.0)
+
+
+def _alive(pid: int) -> bool:
+    """A live, non-zombie process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import LEVELS, ListPlanner
-from tuner import recommendations, tuning
+from tuner import recommendations, runs, tuning
 from tuner.demo import LLAMA_8B_CONFIG
 from tuner.domain import (
     Budget,
@@ -73,7 +73,7 @@ def test_a_ray_runner_claims_only_jobs_for_chips_its_cluster_has(ray_cluster, db
     claimed = set()
     while True:
         with transaction(factory) as s:
-            job = tuning.claim_job(s, runner.worker, stale_after_s=60, hardware=runner._hardware)
+            job = tuning.claim_job(s, runner.worker, stale_after_s=60, hardware=runner.config.hardware)
         if job is None:
             break
         claimed.add(job.id)
@@ -189,7 +189,7 @@ def check_simulated_job(ray_cluster, factory, job_id: str, watch: Placeholders) 
         job = s.get(JobRow, job_id)
         assert job.status == "succeeded", job.error
         rows = tuning.list_trials(s, job_id)
-        results = {row.number: tuning.trial_result(row) for row in rows}
+        results = {row.number: runs.trial_result(row) for row in rows}
         rec = recommendations.find(s, model=LLAMA, engine=Engine.SIMULATED, hardware="mi300x")
     assert rec["hardware"] == "mi300x" and rec["simulated"] is True
     # One stored result per trial, each run once, but for the attempt lost with its worker.
@@ -234,7 +234,7 @@ def test_an_auto_job_stays_on_one_chip_and_is_recorded_under_it(ray_cluster, db_
     assert runner.run_once(job_id) == job_id
     with factory() as s:
         assert s.get(JobRow, job_id).status == "succeeded"
-        results = [tuning.trial_result(row) for row in tuning.list_trials(s, job_id)]
+        results = [runs.trial_result(row) for row in tuning.list_trials(s, job_id)]
         rec = recommendations.find(s, model="org/m", hardware="mi300x")
     assert len(results) == 5 and {r.hardware for r in results} == {"mi300x"}
     assert rec["hardware"] == "mi300x"

@@ -17,7 +17,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from tests.fakes import ThreadExecutor
-from tuner import recommendations, tuning
+from tuner import recommendations, runs, tuning
 from tuner.domain import (
     Budget,
     Engine,
@@ -109,7 +109,7 @@ def test_a_diverged_trial_never_reaches_a_recommendation(db_url: str, tmp_path: 
         diverged = [t for t in trials if t.status == "diverged"]
         assert diverged, [(t.number, t.status, t.failure_reason) for t in trials]
         for t in diverged:
-            result = tuning.trial_result(t)
+            result = runs.trial_result(t)
             assert result is not None and result.levels and result.correctness is not None
             assert [c.common_prefix for c in result.correctness.comparisons] == [2, 1, 3, 14]
         assert all(t.status in ("succeeded", "diverged") for t in trials)

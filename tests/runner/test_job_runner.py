@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from tests.fakes import LEVELS, FakeEvaluator, ListPlanner, ThreadExecutor
-from tuner import recommendations, tuning
+from tuner import recommendations, runs, tuning
 from tuner.domain import (
     Engine,
     JobSpec,
@@ -25,6 +25,7 @@ from tuner.domain import (
 from tuner.job_runner import JobRunner
 from tuner.store.db import make_engine, make_session_factory, transaction
 from tuner.store.models import JobRow, RecommendationRow, TrialRow
+from tuner.workers.process_group import group_alive, kill_process_group
 
 GHOST = f"ghost@{socket.gethostname()}"  # a dead runner on this host
 SPECS = [SpecConfig(Method.NGRAM, 2), SpecConfig(Method.NGRAM, 4), SpecConfig(Method.EAGLE3, 3, model="d")]
@@ -42,10 +43,11 @@ def submit(factory, engine: Engine = Engine.SIMULATED) -> str:  # type: ignore[n
 
 def runner(factory, planner: ListPlanner, evaluator: FakeEvaluator, **kw) -> JobRunner:  # type: ignore[no-untyped-def]
     slots = kw.pop("slots", 2)
+    reclaims = kw.pop("reclaims", None)
     return JobRunner(
         factory,
         planner_factory=lambda job_id, spec, reqs: planner,
-        executor_factory=lambda spec: ThreadExecutor(evaluator, slots=slots),
+        executor_factory=lambda spec: ThreadExecutor(evaluator, slots=slots, reclaims=reclaims),
         heartbeat_s=0.1,
         stale_after_s=kw.pop("stale_after_s", 1.0),
         poll_s=0.05,
@@ -122,22 +124,22 @@ def test_stale_job_is_recovered_without_rerunning_finished_trials(db_url: str) -
     for number, spec in [(0, SpecConfig()), (1, SPECS[0])]:
         result = dead_ev(TrialSpec(model=ModelRef("org/m"), spec=spec, levels=LEVELS, requests=()))
         with transaction(factory) as s:
-            tuning.start_trial(s, job_id, Proposal(number, spec), levels=[], worker=GHOST)
-            tuning.finish_trial(s, job_id, number, result)
+            runs.start_trial(s, job_id, Proposal(number, spec), levels=[], worker=GHOST)
+            runs.finish_trial(s, job_id, number, result)
     with transaction(factory) as s:
-        tuning.start_trial(s, job_id, Proposal(2, SPECS[1]), levels=[], worker=GHOST)
-        tuning.set_trial_pgid(s, job_id, 2, 999_999)
+        runs.start_trial(s, job_id, Proposal(2, SPECS[1]), levels=[], worker=GHOST)
+        runs.set_trial_pgid(s, job_id, 2, 999_999)
         s.get(JobRow, job_id).heartbeat_at = s.get(JobRow, job_id).heartbeat_at.replace(year=2000)
     # The recovering runner's planner resumes from storage: it has seen what the dead one told it.
-    planner.tell(0, tuning.trial_result(_trial(factory, job_id, 0)))
-    planner.tell(1, tuning.trial_result(_trial(factory, job_id, 1)))
+    planner.tell(0, runs.trial_result(_trial(factory, job_id, 0)))
+    planner.tell(1, runs.trial_result(_trial(factory, job_id, 1)))
     planner._next = 4  # the dead runner had asked for 0..3, and died before recording trial 3's launch
     planner.asked[2] = SPECS[1]
     planner.asked[3] = SPECS[2]
     ev = FakeEvaluator()
-    killed: list[int] = []
-    assert runner(factory, planner, ev, kill_group=killed.append).run_once() == job_id
-    assert killed == [999_999]  # the dead runner's vLLM process group is killed before anything runs
+    reclaims: list[tuple[str, int]] = []
+    assert runner(factory, planner, ev, reclaims=reclaims).run_once() == job_id
+    assert reclaims == [(job_id, 0)]  # the dead runner's servers are reclaimed before anything runs
     with factory() as s:
         job = s.get(JobRow, job_id)
         assert job.status == "succeeded", job.error
@@ -186,17 +188,17 @@ def test_cancel_of_a_job_whose_runner_died_kills_its_processes_and_ends_it(db_ur
     job_id = submit(factory)
     with transaction(factory) as s:
         tuning.claim_job(s, GHOST, stale_after_s=60)
-        tuning.start_trial(s, job_id, Proposal(0, SpecConfig()), levels=[], worker=GHOST)
-        tuning.set_trial_pgid(s, job_id, 0, 888_888)
+        runs.start_trial(s, job_id, Proposal(0, SpecConfig()), levels=[], worker=GHOST)
+        runs.set_trial_pgid(s, job_id, 0, 888_888)
     with transaction(factory) as s:
         tuning.request_cancel(s, job_id)
         job = s.get(JobRow, job_id)
         assert job.status == "running" and job.cancel_requested  # only a runner can stop what runs
         job.heartbeat_at = job.heartbeat_at.replace(year=2000)  # ... and the ghost is dead
     ev = FakeEvaluator()
-    killed: list[int] = []
-    assert runner(factory, ListPlanner(SPECS), ev, kill_group=killed.append).run_once() == job_id
-    assert killed == [888_888]
+    reclaims: list[tuple[str, int]] = []
+    assert runner(factory, ListPlanner(SPECS), ev, reclaims=reclaims).run_once() == job_id
+    assert reclaims == [(job_id, 0)]
     assert ev.calls == []  # nothing new was launched
     with factory() as s:
         assert s.get(JobRow, job_id).status == JobStatus.CANCELLED.value
@@ -219,11 +221,11 @@ def test_a_runner_kills_servers_left_on_its_host_by_trials_recovered_elsewhere(d
                 (1, "other@elsewhere", orphan.pid),
                 (2, GHOST, running.pid),
             ]:
-                tuning.start_trial(s, job_id, Proposal(number, SpecConfig()), levels=[], worker=worker)
-                tuning.set_trial_pgid(s, job_id, number, pgid)
+                runs.start_trial(s, job_id, Proposal(number, SpecConfig()), levels=[], worker=worker)
+                runs.set_trial_pgid(s, job_id, number, pgid)
             for row in tuning.list_trials(s, job_id)[:2]:  # 0 and 1 were recovered; 2 is still running
-                tuning.mark_trial_abandoned(s, row, "runner died; recovered on host B")
-        r = runner(factory, ListPlanner(SPECS), FakeEvaluator())
+                runs.mark_trial_abandoned(s, row, "runner died; recovered on host B")
+        r = runner(factory, ListPlanner(SPECS), FakeEvaluator(), kill_group=kill_process_group, group_alive=group_alive)
         assert r.sweep_orphans() == [orphan.pid]
         assert orphan.wait(timeout=10) is not None
         assert running.poll() is None  # a running trial's server is left alone

@@ -10,7 +10,7 @@ import textwrap
 import threading
 import time
 
-from tuner.workers.gpu_lease import GpuLease, held_by_live_holder
+from tuner.workers.gpu_lease import GpuLease, held_by_live_holder, left_running, trial_record
 from tuner.workers.process_group import group_alive
 
 # A child process that takes a group and reports it, then holds it until killed or told to exit.
@@ -194,6 +194,47 @@ def test_a_clean_release_forgets_the_recorded_group(tmp_path):
         assert lease.free(range(1)) == ()
         group.close()  # the worker stopped its trial normally; the group is no concern of the lease any more
         assert lease.free(range(1)) == (0,)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_left_running_reads_a_jobs_unheld_and_held_groups_by_exact_job_id(tmp_path):
+    """A job's groups in lease files whose holder died, and those a live holder has; other jobs', whose ids
+    the job's id only begins, and reused pids are not the job's."""
+    servers = [subprocess.Popen(["sleep", "600"], start_new_session=True) for _ in range(4)]
+    a, b, c, reused = (s.pid for s in servers)
+    try:
+        (tmp_path / "gpu-0.lock").write_text(f"pid=1 gpu=0 job=abc trial=0\npgid={a}\n")  # holder gone
+        (tmp_path / "gpu-1.lock").write_text(f"pid=1 gpu=1 job=abcd trial=1\npgid={b}\n")  # another job
+        (tmp_path / "gpu-2.lock").write_text(f"pid=1 gpu=2 job=abc trial=2\npgid={reused} start=1\n")
+        held = GpuLease(tmp_path).acquire(1, [3], timeout=0, label="job=abc trial=3")
+        held.record_pgid(c)
+        try:
+            found = GpuLease(tmp_path).left_running("abc")
+            assert found.orphaned == (a,) and found.held == (c,)
+            assert [p.name for p in found.unheld_files] == ["gpu-0.lock", "gpu-2.lock"]
+            assert left_running([tmp_path], "ab") == left_running([tmp_path], "other")
+            assert left_running([tmp_path], "ab").orphaned == ()
+        finally:
+            held.close()
+        assert GpuLease(tmp_path).left_running("abc").held == ()  # a clean release forgets it
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+
+
+def test_a_trial_record_is_a_lease_file_without_a_gpu_removed_on_close(tmp_path):
+    server = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        record = trial_record(tmp_path / "host", "ray-1-0-a0-x", "node=n1 job=j1 trial=4")
+        record.record_pgid(server.pid)
+        text = (tmp_path / "host" / "ray-1-0-a0-x.lock").read_text()
+        assert text.startswith(f"pid={os.getpid()} node=n1 job=j1 trial=4\n") and f"pgid={server.pid}" in text
+        assert left_running([tmp_path / "host"], "j1").held == (server.pid,)
+        record.close()
+        assert not any((tmp_path / "host").iterdir())
     finally:
         server.kill()
         server.wait()

@@ -14,15 +14,21 @@ from tuner.domain.codec import (
 )
 from tuner.domain.contracts import (
     Evaluator,
+    ExecutorKind,
     Planner,
     Proposal,
+    Reclaimed,
     TrialContext,
+    TrialExecutor,
     TrialSpec,
+    throttled,
 )
 from tuner.domain.job import (
     JobSpec,
     JobStatus,
     Objective,
+    Recovery,
+    TrialProcess,
 )
 from tuner.domain.methods import (
     DEFAULT_DEPTH_RANGE,
@@ -72,6 +78,7 @@ from tuner.domain.serving import (
 )
 from tuner.domain.spec_config import (
     SpecConfig,
+    arm_key,
 )
 from tuner.domain.versions import (
     Version,
@@ -96,6 +103,7 @@ __all__ = [
     "DraftNeed",
     "Engine",
     "Evaluator",
+    "ExecutorKind",
     "Failure",
     "FailureClass",
     "JobSpec",
@@ -112,6 +120,8 @@ __all__ = [
     "Objective",
     "Planner",
     "Proposal",
+    "Reclaimed",
+    "Recovery",
     "Proposer",
     "Recommendation",
     "RequestComparison",
@@ -127,6 +137,8 @@ __all__ = [
     "TrafficFormat",
     "TrafficRequest",
     "TrialContext",
+    "TrialExecutor",
+    "TrialProcess",
     "TrialResult",
     "TrialSpec",
     "TrialStatus",
@@ -139,11 +151,13 @@ __all__ = [
     "env_name_allowed",
     "env_name_problem",
     "fingerprint",
+    "arm_key",
     "from_jsonable",
     "mtp_depth_allowed",
     "mtp_depths",
     "parse_version",
     "percentile",
     "serve_argv",
+    "throttled",
     "to_jsonable",
 ]

@@ -3,8 +3,11 @@ protocols (an evaluator runs one trial; a planner proposes trials and concludes)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from tuner.domain.outcome import TuneOutcome
@@ -46,11 +49,65 @@ class TrialContext:
     log_dir: str | None = None
 
 
+def throttled(fn: Callable[[], bool], every_s: float) -> Callable[[], bool]:
+    """``fn`` called at most every ``every_s`` seconds; a True answer sticks. A runner's cancellation check
+    (``TrialContext.is_cancelled``) may be a database query, and the replay loop asks it per request."""
+    state = {"at": float("-inf"), "value": False}
+
+    def check() -> bool:
+        if state["value"]:
+            return True
+        now = time.monotonic()
+        if now - state["at"] >= every_s:
+            state["at"] = now
+            state["value"] = bool(fn())
+        return bool(state["value"])
+
+    return check
+
+
 @runtime_checkable
 class Evaluator(Protocol):
     """Runs one trial. The real vLLM runner, the simulated engine or a caller's own callable."""
 
     def __call__(self, spec: TrialSpec, ctx: TrialContext | None = None) -> TrialResult: ...
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    """What ``TrialExecutor.reclaim`` found of a job's trials that a runner which is gone left running."""
+
+    killed: tuple[int, ...] = ()  # process groups killed
+    held: tuple[int, ...] = ()  # still held by a live runner (cut off, then fenced): it stops them itself
+    unreachable: tuple[str, ...] = ()  # hosts or nodes that could not be asked; their runners' sweeps will
+
+
+class TrialExecutor(Protocol):
+    """Runs a job's trials on GPUs; the job runner codes against this and nothing else of an executor.
+
+    ``free_slots(tp)`` is how many more trials of tensor-parallel size ``tp`` could start now. ``submit``
+    returns at once with a future that resolves to exactly one ``TrialResult`` (a failure is a result, never
+    an exception). ``reclaim(job_id)`` kills what trials of ``job_id`` left running wherever this executor
+    reaches (this host's GPU leases, every node of a Ray cluster), except groups a live runner still holds;
+    a runner taking over a job calls it before it runs anything. ``close`` cancels what still runs and
+    releases the GPUs; it is idempotent. ``tuner.workers.executors`` holds the implementations and the
+    contract's test suite.
+    """
+
+    def free_slots(self, tensor_parallel_size: int = 1) -> int: ...
+
+    def submit(self, spec: TrialSpec, ctx: TrialContext) -> Future[TrialResult]: ...
+
+    def reclaim(self, job_id: str) -> Reclaimed: ...
+
+    def close(self) -> None: ...
+
+
+class ExecutorKind(StrEnum):
+    """Which ``TrialExecutor`` a worker runs its trials on (``TUNER_EXECUTOR``)."""
+
+    LOCAL = "local"  # this host's GPUs, leased from the lease every worker on the host shares
+    RAY = "ray"  # a Ray cluster's GPU nodes
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from tuner.domain.methods import Method
-from tuner.domain.results import Engine
+from tuner.domain.results import Engine, TrialResult
 from tuner.domain.serving import ModelRef, ServingConfig
 from tuner.domain.workload import SLO, Budget, LoadLevel
 
@@ -52,3 +52,27 @@ class JobSpec:
     seed: int = 0
     level_weights: Mapping[str, float] | None = None  # level label -> share of production traffic
     compat_overrides: Mapping[str, bool] = field(default_factory=dict)  # method -> allow (True) / exclude
+
+
+@dataclass(frozen=True)
+class TrialProcess:
+    """A process group a trial recorded (its vLLM server), and the runner (``name@host``) that started it."""
+
+    job_id: str
+    number: int
+    pgid: int
+    worker: str | None
+
+    @property
+    def host(self) -> str:
+        return (self.worker or "").rpartition("@")[2]
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What a runner taking over a job learns from the store (``tuner.runs.recover``)."""
+
+    results: Mapping[int, TrialResult]  # finished trials and their stored results
+    abandoned: tuple[tuple[int, str | None], ...]  # (number, runner) of trials that failed without a result
+    left_running: tuple[TrialProcess, ...]  # process groups of the trials a dead runner left running
+    known: tuple[int, ...]  # every trial number the store has

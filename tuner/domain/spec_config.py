@@ -37,6 +37,11 @@ class SpecConfig:
     def is_off(self) -> bool:
         return self.method is Method.OFF
 
+    @property
+    def arm(self) -> str:
+        """The drafter this configuration uses, whatever its depth: ``method`` or ``method@draft``."""
+        return arm_key(self.method, self.model)
+
     def to_vllm(self) -> dict[str, Any] | None:
         """The dict vLLM's ``--speculative-config`` takes, or None for no speculation."""
         if self.is_off:
@@ -94,3 +99,8 @@ class SpecConfig:
 
     def key(self) -> str:
         return canonical_json(self.to_vllm())
+
+
+def arm_key(method: Method, draft: str | None) -> str:
+    """One arm per drafter: the method alone, or ``method@draft`` for a method that loads a checkpoint."""
+    return method.value if draft is None else f"{method.value}@{draft}"

@@ -304,9 +304,7 @@ def _catalog_note(planner: OptunaPlanner, deployed: SpecConfig, engine: Engine) 
 
 
 def _arm(spec: SpecConfig) -> str:
-    if spec.is_off:
-        return "off"
-    return spec.method.value if spec.model is None else f"{spec.method.value}@{spec.model}"
+    return "off" if spec.is_off else spec.arm
 
 
 def _confirm_numbers(records: Sequence[Record]) -> tuple[int, ...]:

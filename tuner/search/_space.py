@@ -14,6 +14,7 @@ from tuner.domain import (
     DraftNeed,
     Method,
     SpecConfig,
+    arm_key,
     mtp_depths,
 )
 from tuner.search.catalog import DEFAULT_CATALOG, DraftCatalog
@@ -43,7 +44,7 @@ class MethodOptions:
 
     @property
     def key(self) -> str:
-        return self.method.value if self.draft is None else f"{self.method.value}@{self.draft}"
+        return arm_key(self.method, self.draft)
 
     @property
     def fixed_length(self) -> bool:

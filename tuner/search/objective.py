@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from tuner.domain import SLO, LevelResult, Objective, TrialResult
+from tuner.domain import SLO, LevelResult, Objective, TrialResult, TrialStatus
 
 _FLOOR = 1e-9
 
@@ -73,7 +73,7 @@ def slo_violation(lr: LevelResult, slo: SLO) -> float:
 
 def constraints(result: TrialResult, slo: SLO, labels: Sequence[str]) -> list[float]:
     """Constraint values, one per level (<= 0 feasible); diverged or figure-less trials are infeasible."""
-    if not result.status.has_figures() or result.status.value == "diverged":
+    if not result.status.has_figures() or result.status is TrialStatus.DIVERGED:
         return [1.0] * len(labels)
     out = []
     for label in labels:

@@ -1,3 +1,4 @@
+# Over 400 lines on purpose: the study's ask/tell bookkeeping and the proposal policy share one lock and trial view.
 """The Optuna-backed planner: one study per job, ask/tell over whole server configurations.
 
 How a job is searched (all decisions are recomputed from the stored trials, so a planner rebuilt from the
@@ -456,7 +457,7 @@ class OptunaPlanner:
 
     @staticmethod
     def _probe_key(spec: SpecConfig) -> tuple[str, Any]:
-        key = spec.method.value if spec.model is None else f"{spec.method.value}@{spec.model}"
+        key = spec.arm
         lookup = None
         if spec.prompt_lookup_min is not None or spec.prompt_lookup_max is not None:
             lookup = (spec.prompt_lookup_min, spec.prompt_lookup_max)
@@ -529,10 +530,6 @@ class OptunaPlanner:
         if "search_finished" not in self.study.user_attrs:
             return False
         return not _confirm.missing(self._analysis(records), records, self.confirm_runs)
-
-    def confirm_targets(self, a: Analysis) -> list[tuple[str, SpecConfig]]:
-        """The baseline, the winner and the schedule re-measured on fresh servers (used by the outcome)."""
-        return _confirm.targets(a, self.confirm_runs)
 
     def engine(self, records: list[Record] | None = None) -> Engine:
         """The engine the results so far came from (simulated until one says otherwise)."""

@@ -14,6 +14,11 @@ that group first (it is on this host, and nobody else knows of it when the worke
 did). A flock still held means its holder is alive (``held_by_live_holder``): a runner fenced off its job
 still holds the lease and stops its own server, so a recovering runner must not kill it. A clean release
 empties the file.
+
+The label says whose trial holds the GPUs (``job=<id> trial=<n>``), so a runner taking over a job finds what
+the job's previous runner left on this host (``left_running``): groups whose holder is gone, to kill, and
+groups a live holder still has. Where something else hands out the GPUs (Ray), a trial keeps the same kind of
+file without a GPU (``trial_record``), so the same reading applies on every node.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ import re
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.workers.process_group import group_alive, kill_process_group, leader_start_time
 
 _POLL_S = 0.05
 _PGID_LINE = re.compile(r"^pgid=(\d+)(?: start=(\d+))?$", re.MULTILINE)
+_JOB_FIELD = re.compile(r"(?:^|\s)job=(\S+)")
 _REAP_GRACE_S = 5.0
 
 log = logging.getLogger(__name__)
@@ -40,9 +47,10 @@ log = logging.getLogger(__name__)
 class LeasedGroup:
     """A disjoint group of GPUs held until ``close()`` (or the holder's death)."""
 
-    def __init__(self, gpus: tuple[int, ...], fds: dict[int, int]):
+    def __init__(self, gpus: tuple[int, ...], fds: dict[int, int], *, remove: Path | None = None):
         self.gpus = gpus
         self._fds = fds
+        self._remove = remove  # a trial record's file, removed on close (a GPU's file stays, emptied)
         self._lock = threading.Lock()
 
     @property
@@ -61,6 +69,9 @@ class LeasedGroup:
     def close(self) -> None:
         with self._lock:
             fds, self._fds = self._fds, {}
+            remove, self._remove = self._remove, None
+        if remove is not None and fds:
+            remove.unlink(missing_ok=True)  # before the unlock: nobody reads the file as left by a dead holder
         for fd in fds.values():
             try:
                 os.ftruncate(fd, 0)
@@ -140,7 +151,7 @@ class GpuLease:
                 if gpu not in group:
                     _release(held.pop(gpu))
             for gpu, fd in held.items():
-                _describe(fd, gpu, label)
+                _describe(fd, f"gpu={gpu} {label}")
             leased = LeasedGroup(group, held)
             held = {}
             return leased
@@ -188,6 +199,71 @@ class GpuLease:
                 out[gpu] = ""
         return out
 
+    def left_running(self, job_id: str) -> LeftRunning:
+        """The process groups this host's lease files record for trials of ``job_id`` (see ``left_running``)."""
+        return left_running([self.lease_dir], job_id)
+
+
+@dataclass(frozen=True)
+class LeftRunning:
+    """What lease files record of one job's trials: ``orphaned`` groups, alive and the ones recorded (leader
+    start time), whose file nobody holds (its holder died: the groups are nobody's now, to be killed), and
+    ``held`` groups, whose file a live holder still has locked (it stops them itself). ``unheld_files``: the
+    job's files nobody holds (a trial record of a dead holder can go once its groups are killed)."""
+
+    orphaned: tuple[int, ...] = ()
+    held: tuple[int, ...] = ()
+    unheld_files: tuple[Path, ...] = ()
+
+
+def left_running(directories: Sequence[str | os.PathLike[str]], job_id: str) -> LeftRunning:
+    """The live process groups that lease files (``*.lock``) in ``directories`` record for trials of ``job_id``
+    (the label's ``job=`` field, matched exactly), held or not. A file is probed by locking and unlocking it,
+    as ``free`` does; a group is counted as the recorded one only while its leader's start time matches."""
+    orphaned: list[int] = []
+    held: list[int] = []
+    unheld: list[Path] = []
+    for directory in directories:
+        for path in sorted(Path(directory).glob("*.lock")):
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                if _job_of(fd) != job_id:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    held.extend(p for p in _live_pgids(fd) if p not in held)
+                    continue
+                try:
+                    orphaned.extend(p for p in _live_pgids(fd) if p not in orphaned)
+                    unheld.append(path)
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+    # a group named by a held file too (one file of a TP group) is the live holder's
+    return LeftRunning(tuple(p for p in orphaned if p not in held), tuple(held), tuple(unheld))
+
+
+def trial_record(directory: str | os.PathLike[str], name: str, label: str) -> LeasedGroup:
+    """A lease file that leases no GPU: ``<directory>/<name>.lock``, locked and labelled as a GPU's is, for
+    where something else hands out the GPUs (a Ray node) but the trial's process groups must still be on
+    record on the host (``record_pgid``) for ``left_running``. ``name`` must be unique; closing it removes
+    the file."""
+    path = Path(directory) / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # only a prober ever holds it, for an instant
+        _describe(fd, label)
+    except BaseException:
+        os.close(fd)
+        raise
+    return LeasedGroup((), {-1: fd}, remove=path)
+
 
 def _choose(n: int, free: list[int]) -> tuple[int, ...]:
     """Aligned blocks first (0-1, 2-3 for n=2; 0-3, 4-7 for n=4), then neighbouring GPUs, then any: TP
@@ -210,15 +286,28 @@ def _recorded(fd: int) -> list[tuple[int, int | None]]:
     return [(int(m.group(1)), int(m.group(2)) if m.group(2) else None) for m in _PGID_LINE.finditer(text)]
 
 
-def _live_pgid(fd: int) -> int | None:
-    """The first process group named in a lease file that is still the one recorded and alive, if any."""
+def _job_of(fd: int) -> str | None:
+    first = os.pread(fd, 4096, 0).decode(errors="replace").partition("\n")[0]
+    match = _JOB_FIELD.search(first)
+    return match.group(1) if match else None
+
+
+def _live_pgids(fd: int) -> list[int]:
+    """The process groups named in a lease file that are still the ones recorded and alive."""
+    out = []
     for pgid, start in _recorded(fd):
         leader = leader_start_time(pgid)
         # A live leader started at another time is a reused pid, not our server (a missing leader with live
         # members is ours: nobody else can have that pgid while its members live).
-        if group_alive(pgid) and (start is None or leader is None or leader == start):
-            return pgid
-    return None
+        if pgid not in out and group_alive(pgid) and (start is None or leader is None or leader == start):
+            out.append(pgid)
+    return out
+
+
+def _live_pgid(fd: int) -> int | None:
+    """The first process group named in a lease file that is still the one recorded and alive, if any."""
+    live = _live_pgids(fd)
+    return live[0] if live else None
 
 
 def held_by_live_holder(lease_dirs: Sequence[str | os.PathLike[str]], pgid: int) -> bool:
@@ -250,7 +339,7 @@ def _release(fd: int) -> None:
         os.close(fd)
 
 
-def _describe(fd: int, gpu: int, label: str) -> None:
-    text = f"pid={os.getpid()} gpu={gpu} {label}".strip() + "\n"
+def _describe(fd: int, label: str) -> None:
+    text = f"pid={os.getpid()} {label}".strip() + "\n"
     os.ftruncate(fd, 0)
     os.pwrite(fd, text.encode(), 0)

@@ -1,3 +1,4 @@
+# Over 400 lines on purpose: each vendor tool's output (amd-smi, rocm-smi, nvidia-smi) beside the families it maps to.
 """What GPUs this host has, named the way recommendations and Ray name them.
 
 The chip is identified by its product name or PCI device id, never by the gfx target alone: gfx942 covers
@@ -22,6 +23,7 @@ Sources of the tables below (read 2026-12-02):
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import os
@@ -426,6 +428,24 @@ def probe_vllm_version(run: Run = subprocess.run) -> str | None:
     )
     out = _call(run, [python, "-c", code], timeout=60)
     return out.strip().splitlines()[0] if out else None
+
+
+def vllm_version_in(python: str, run: Run = subprocess.run) -> str | None:
+    """vLLM's version as ``python`` (the environment vLLM is installed in) imports it, or None."""
+    out = _call(run, [python, "-c", "import vllm; print(vllm.__version__)"], timeout=120)
+    return out.strip().splitlines()[-1] if out else None
+
+
+@functools.cache
+def worker_host_report(vllm_python: str | None = None) -> dict[str, Any]:
+    """What a local worker reports of this host (``host_report`` as a dict, plus ``hardware``: the family, "cpu"
+    without GPUs, None when they are mixed), with vLLM's version from ``vllm_python`` when given. Probed once
+    per process and ``vllm_python``: the probes start subprocesses, vLLM's import takes seconds."""
+    probe = functools.partial(vllm_version_in, vllm_python) if vllm_python else probe_vllm_version
+    report = host_report(vllm_version_probe=probe)
+    data = report.to_dict()
+    data.setdefault("hardware", report.family())
+    return data
 
 
 def host_report(

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+KILL_GRACE_S = 10.0  # SIGTERM-to-SIGKILL grace when an executor cleans up a trial's processes
+
 # argv of the gate: python -c GATE <fd> <argv...>. Reads "go" or end-of-file; only "go" runs the command.
 _GATE = (
     "import os,sys\n"

@@ -10,15 +10,13 @@ batched tokens, keeps its gains to c200+.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.domain import Method, TrafficRequest
-from tuner.traffic import repetitiveness
-
-CHARS_PER_TOKEN = 4.0
+from tuner.domain.model_traits import model_traits
+from tuner.domain.prompt_kind import CHARS_PER_TOKEN, prompt_kind, repetitiveness
 
 
 @dataclass(frozen=True)
@@ -51,7 +49,7 @@ class WorkloadProfile:
         output = sum(r.target_output_tokens for r in requests) / len(requests)
         # Classify each request on its own and take the majority: one "summarise" among 64 chat prompts does
         # not make the sample summarisation. Repetition is within a request (what prompt lookup can copy).
-        kinds = [_kind(t, r.target_output_tokens) for t, r in zip(texts, requests, strict=True)]
+        kinds = [prompt_kind(t, r.target_output_tokens) for t, r in zip(texts, requests, strict=True)]
         name = max(set(kinds), key=lambda k: (kinds.count(k), k))
         base = sum(_KIND_BASE[k][0] for k in kinds) / len(kinds)
         shift = _KIND_BASE[name][1]
@@ -67,42 +65,6 @@ _KIND_BASE = {  # P(an n-gram match) before repetition, acceptance shift of lear
     "writing": (0.10, -0.15),
     "chat": (0.18, 0.0),
 }
-
-
-def _kind(text: str, output_tokens: int) -> str:
-    lower = text.lower()
-    prompt = len(text) / CHARS_PER_TOKEN
-    if code_score(text) > 0.06:
-        return "code"
-    if _has(lower, ("summar", "tl;dr", "tldr", "key points")) or (prompt > 1500 and output_tokens < 0.25 * prompt):
-        return "summarisation"
-    if _has(lower, ("solve", "equation", "prove", "\\frac", "how many", "calculate")) or _digit_share(text) > 0.08:
-        return "math"
-    if _has(lower, ("write a story", "poem", "essay", "story about", "creative", "fiction")):
-        return "writing"
-    return "chat"
-
-
-_CODE_CHARS = set("{}();=<>[]_#")
-_CODE_WORDS = re.compile(r"\b(def|return|import|class|function|const|let|var|public|void|elif|fn)\b")
-
-
-def code_score(text: str) -> float:
-    """Density of code-like characters and keywords (0 for prose, ~0.1+ for source)."""
-    if not text:
-        return 0.0
-    chars = sum(ch in _CODE_CHARS for ch in text) / len(text)
-    words = len(_CODE_WORDS.findall(text)) / max(1, len(text.split()))
-    indented = sum(line.startswith(("    ", "\t")) for line in text.splitlines()) / max(1, len(text.splitlines()))
-    return chars + words + 0.05 * indented
-
-
-def _has(text: str, words: Sequence[str]) -> bool:
-    return any(w in text for w in words)
-
-
-def _digit_share(text: str) -> float:
-    return sum(ch.isdigit() or ch in "+-*/^=" for ch in text) / max(1, len(text))
 
 
 WORKLOADS: dict[str, WorkloadProfile] = {
@@ -184,8 +146,8 @@ class ModelProfile:
         heads = float(cfg.get("num_attention_heads") or 32)
         kv_heads = float(cfg.get("num_key_value_heads") or heads)
         head_dim = float(cfg.get("head_dim") or hidden / heads)
-        experts = int(_first(cfg, ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")) or 0)
-        topk = int(_first(cfg, ("num_experts_per_tok", "moe_topk", "num_experts_per_token")) or 0)
+        traits = model_traits(config)
+        experts, topk = traits.num_experts or 0, traits.experts_per_token or 0
         moe = experts > 1 and topk > 0
         attn = layers * hidden * (2 * hidden + 2 * kv_heads * head_dim)
         embed = 2 * vocab * hidden
@@ -211,7 +173,7 @@ class ModelProfile:
             target_step_ms=round(1.09 + active * width * read_ms + 0.03 * layers * math.log2(gpus), 3),
             per_token_us=round(21.0 * active / 8.0e9 / gpus, 3),
             per_kv_token_us=round(0.039 * kv_per_token / 131_072 / gpus, 5),
-            mtp_layers=mtp_layers(cfg),
+            mtp_layers=traits.mtp_layers,
             compute_knee_tokens=round(96.0 * 2.0 / width, 1),
             over_knee_us=round(35.0 * active / 8.0e9 / gpus, 3),
             expert_load_ms=round((routed - topk * expert) * width * read_ms, 3) if moe else 0.0,
@@ -234,24 +196,6 @@ def weight_bytes(config: Mapping[str, Any]) -> float:
     if any(m in method for m in ("fp8", "int8", "compressed")):
         return 1.0
     return 2.0
-
-
-_MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules", "num_mtp_layers")
-
-
-def mtp_layers(config: Mapping[str, Any]) -> int:
-    """Native MTP heads as vLLM detects them (keys from vllm-facts.md), 0 when there are none."""
-    for key in _MTP_KEYS:
-        if config.get(key):
-            return int(config[key])
-    nested = config.get("mtp_config")
-    if isinstance(nested, Mapping) and nested.get("num_nextn_predict_layers"):
-        return int(nested["num_nextn_predict_layers"])
-    return 0
-
-
-def _first(config: Mapping[str, Any], keys: Sequence[str]) -> Any:
-    return next((config[k] for k in keys if config.get(k)), None)
 
 
 PRESETS: dict[str, ModelProfile] = {

@@ -26,6 +26,7 @@ from tuner.domain import (
     TrialStatus,
     UnsafeArgument,
     env_name_allowed,
+    throttled,
 )
 from tuner.workers.correctness import compare, greedy_outputs, not_gated, ungated_reason
 from tuner.workers.devices import device_env
@@ -65,19 +66,6 @@ class _Progress:
     reference: tuple[tuple[int, ...], ...] | None = None
 
 
-def _throttled(fn: Callable[[], bool], every_s: float) -> Callable[[], bool]:
-    """Call ``fn`` at most every ``every_s``; a caller's cancellation check may be a database query."""
-    last = [float("-inf"), False]
-
-    def check() -> bool:
-        now = time.monotonic()
-        if not last[1] and now - last[0] >= every_s:
-            last[0], last[1] = now, bool(fn())
-        return bool(last[1])
-
-    return check
-
-
 class VllmRunner:
     """Runs a :class:`~tuner.domain.TrialSpec` on a real vLLM server (a :class:`~tuner.domain.Evaluator`).
 
@@ -98,7 +86,7 @@ class VllmRunner:
         opts = self.options
         t0 = time.monotonic()
         deadline = t0 + spec.deadline_s if spec.deadline_s else float("inf")
-        cancelled = _throttled(ctx.is_cancelled, 1.0)
+        cancelled = throttled(ctx.is_cancelled, 1.0)
         progress = _Progress()
         port = free_port(opts.host)
         log_path = self._log_path(spec, ctx, port)

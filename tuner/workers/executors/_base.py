@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
+import os
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tuner.domain import Engine, Failure, FailureClass, TrialContext, TrialResult, TrialSpec, TrialStatus
+from tuner.domain import (
+    Engine,
+    Failure,
+    FailureClass,
+    Reclaimed,
+    TrialContext,
+    TrialExecutor,
+    TrialResult,
+    TrialSpec,
+    TrialStatus,
+)
+from tuner.workers.gpu_lease import left_running
+from tuner.workers.process_group import KILL_GRACE_S, kill_process_group
+
+log = logging.getLogger(__name__)
 
 
 class HardwareMismatch(ValueError):
@@ -20,10 +36,10 @@ class ExecutorClosed(RuntimeError):
     """``submit`` after ``close``."""
 
 
-class Executor(ABC):
-    """Runs trials on GPUs, as many at once as there are free GPU groups.
-
-    The contract every implementation keeps:
+class Executor(ABC, TrialExecutor):
+    """The base of both implementations of :class:`~tuner.domain.TrialExecutor`; this is that contract in
+    detail, as every implementation keeps it. Trials run on GPUs, as many at once as there are free GPU
+    groups.
 
     - ``free_slots(tp)`` says how many more trials of tensor-parallel size ``tp`` could start now. It is
       checked against what is actually free (the host's GPU lease, the Ray cluster's available
@@ -40,6 +56,17 @@ class Executor(ABC):
       this executor's hardware, :class:`ExecutorClosed` after ``close``.
     - The spec the evaluator sees carries the GPUs it may use: ``gpu_ids`` set to the leased physical ids
       (local), or ``None`` inside Ray, which has already set the visibility variables for the task.
+    - Every process group a trial starts is on record on its host before it runs anything, under the
+      trial's label (``job=<id> trial=<n>``), in a file its runner's process keeps locked while the trial
+      runs: the GPU lease's files (local), a trial record per task on the node (Ray; see
+      :mod:`tuner.workers.gpu_lease`).
+    - ``reclaim(job_id)`` reads those records wherever this executor reaches (this host's lease
+      directories; every alive Ray node, one task per host) and kills, SIGTERM then SIGKILL after
+      ``KILL_GRACE_S``, the live groups of ``job_id`` whose file nobody holds any more: their runner died
+      and left them running. Groups whose file a live process still holds (a runner cut off from the
+      store, then fenced) are left to it and returned as ``held``; hosts that could not be asked, as
+      ``unreachable``. It needs no trial submitted, so a fresh executor reclaims what another process left;
+      it raises for nothing but bugs.
     - ``close()`` stops accepting trials, cancels those still running (their futures resolve
       ``CANCELLED``), kills their processes and releases GPUs. It is idempotent.
     """
@@ -49,6 +76,9 @@ class Executor(ABC):
 
     @abstractmethod
     def submit(self, spec: TrialSpec, ctx: TrialContext) -> concurrent.futures.Future[TrialResult]: ...
+
+    @abstractmethod
+    def reclaim(self, job_id: str) -> Reclaimed: ...
 
     @abstractmethod
     def close(self) -> None: ...
@@ -144,19 +174,30 @@ def hostname() -> str:
     return socket.gethostname()
 
 
-def throttled(fn: Callable[[], bool], every_s: float) -> Callable[[], bool]:
-    """``fn`` called at most every ``every_s`` seconds; a True answer sticks."""
-    import time
+def reclaim_on_host(
+    directories: Sequence[str | os.PathLike[str]], job_id: str, *, remove_records: bool = False
+) -> Reclaimed:
+    """``reclaim`` on this host: kill the groups the lease files in ``directories`` record for ``job_id`` and
+    nobody holds (in parallel, ``KILL_GRACE_S`` each), report those a live holder has. ``remove_records``:
+    the files are trial records (``gpu_lease.trial_record``), removed once nobody holds them."""
+    found = left_running(directories, job_id)
+    killed: list[int] = []
+    if found.orphaned:
+        log.warning("job %s: killing process groups %s its gone runner left running", job_id, list(found.orphaned))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(found.orphaned))) as pool:
+            outcomes = pool.map(_kill_quietly, found.orphaned)
+            killed = [pgid for pgid, gone in zip(found.orphaned, outcomes, strict=True) if gone]
+    if remove_records and len(killed) == len(found.orphaned):  # a group that survived keeps its record
+        for path in found.unheld_files:
+            path.unlink(missing_ok=True)
+    return Reclaimed(killed=tuple(killed), held=found.held)
 
-    state = {"at": float("-inf"), "value": False}
 
-    def check() -> bool:
-        if state["value"]:
+def _kill_quietly(pgid: int) -> bool:
+    try:
+        if kill_process_group(pgid, grace_s=KILL_GRACE_S):
             return True
-        now = time.monotonic()
-        if now - state["at"] >= every_s:
-            state["at"] = now
-            state["value"] = bool(fn())
-        return bool(state["value"])
-
-    return check
+        log.error("process group %s survived SIGKILL", pgid)
+    except OSError as exc:  # not ours to signal (another user's pid after all)
+        log.error("could not kill process group %s: %r", pgid, exc)
+    return False

@@ -13,7 +13,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.domain import Engine, Evaluator, FailureClass, TrialContext, TrialResult, TrialSpec, TrialStatus
+from tuner.domain import (
+    Engine,
+    Evaluator,
+    FailureClass,
+    Reclaimed,
+    TrialContext,
+    TrialResult,
+    TrialSpec,
+    TrialStatus,
+)
 from tuner.workers.executors._base import (
     AttemptRecord,
     Executor,
@@ -22,14 +31,13 @@ from tuner.workers.executors._base import (
     engine_of,
     failed_result,
     hostname,
+    reclaim_on_host,
     resolved,
     with_origin,
 )
 from tuner.workers.gpu_lease import GpuLease, LeasedGroup
 from tuner.workers.hardware import GpuInfo, canonical_family, detect_gpus, hardware_matches
-from tuner.workers.process_group import kill_process_group
-
-KILL_GRACE_S = 10.0  # SIGTERM-to-SIGKILL grace when an executor cleans up a trial's processes
+from tuner.workers.process_group import KILL_GRACE_S, kill_process_group
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +102,7 @@ class LocalExecutor(Executor):
         self._engine_given = engine is not None
         self.engine = engine or engine_of(evaluator)  # refined from the first evaluator built
         self._lease = GpuLease(Path(lease_dir) / "cpu") if self.cpu_only else GpuLease(lease_dir)
+        self._lease_dirs = (Path(lease_dir), Path(lease_dir) / "cpu")  # every lease on this host, for reclaim
         self._among: tuple[int, ...] = (0,) if self.cpu_only else self.gpus
         self.max_parallel = max_parallel
         self._slots = threading.BoundedSemaphore(max_parallel) if max_parallel else None
@@ -148,6 +157,10 @@ class LocalExecutor(Executor):
         self._threads.append(thread)
         thread.start()
         return trial.future
+
+    def reclaim(self, job_id: str) -> Reclaimed:
+        """Kill what trials of ``job_id`` left in this host's GPU leases (the CPU slot's too) and nobody holds."""
+        return reclaim_on_host(self._lease_dirs, job_id)
 
     def close(self) -> None:
         with self._lock:

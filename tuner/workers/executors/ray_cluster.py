@@ -22,7 +22,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from tuner.workers.hardware import family_of_ray_type, host_report
+from tuner.workers.hardware import canonical_family, family_of_ray_type, host_report
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,15 @@ def cluster_families() -> tuple[str, ...]:
     return tuple(sorted(families))
 
 
+def cluster_has(address: str | None, hardware: str) -> bool:
+    """Whether the cluster at ``address`` has alive GPU nodes of ``hardware`` (of any known chip for "auto")."""
+    connect(address)
+    families = cluster_families()
+    if hardware == "auto":
+        return bool(families)
+    return canonical_family(hardware) in families
+
+
 def _probe_node() -> dict[str, Any]:
     return host_report().to_dict()
 
@@ -148,6 +157,27 @@ def cluster_report(
         "driver": _newest(e["driver"] for e in entries),
         "nodes": entries,
     }
+
+
+class ClusterReports:
+    """``cluster_report`` per cluster address, re-read after ``ttl_s`` (nodes join and leave; probing every
+    node takes a task on each). The cache is this object's: whoever holds it shares it."""
+
+    def __init__(self, ttl_s: float = 300.0) -> None:
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._reports: dict[str | None, tuple[float, dict[str, Any]]] = {}
+
+    def get(self, address: str | None) -> dict[str, Any]:
+        with self._lock:
+            cached = self._reports.get(address)
+        if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
+            return cached[1]
+        connect(address)
+        report = cluster_report()
+        with self._lock:
+            self._reports[address] = (time.monotonic(), report)
+        return report
 
 
 def _probe_nodes(

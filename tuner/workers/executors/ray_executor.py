@@ -1,3 +1,4 @@
+# Over 400 lines on purpose: one state machine, a trial's life on the cluster (placement, retry, deadline, cancel).
 """Trials on a Ray cluster: one Ray task per trial, on GPUs of the requested hardware.
 
 Each trial is a task asking for ``num_gpus = TP`` and one of the Ray accelerator types of the requested
@@ -22,18 +23,21 @@ Hardware. A result is stamped with the family of the node it ran on (a job for "
 the chip that ran it). Trials that ask for "auto" never mix chips: the first one submitted pins the
 executor (one per job) to the family with the most free GPUs, and every later "auto" trial follows it.
 
-The driver's view of the cluster lives in :mod:`tuner.workers.executors.ray_cluster`.
+Reclaim. The registry lives as long as the driver; each node keeps its own record of the trials it runs
+(a trial record per task, see :mod:`tuner.workers.executors.ray_tasks`), so ``reclaim(job_id)`` runs a task
+on every host that kills what a dead driver's trials of the job left there.
+
+The driver's view of the cluster lives in :mod:`tuner.workers.executors.ray_cluster`; what runs on the
+cluster, in :mod:`tuner.workers.executors.ray_tasks`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import itertools
 import logging
 import math
 import os
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -44,7 +48,7 @@ import ray
 from ray import exceptions as rex
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from tuner.domain import Failure, FailureClass, TrialContext, TrialResult, TrialSpec, TrialStatus
+from tuner.domain import Failure, FailureClass, Reclaimed, TrialContext, TrialResult, TrialSpec, TrialStatus
 from tuner.workers.executors._base import (
     AttemptRecord,
     Executor,
@@ -52,7 +56,6 @@ from tuner.workers.executors._base import (
     HardwareMismatch,
     failed_result,
     resolved,
-    throttled,
     with_origin,
     with_retried,
 )
@@ -65,11 +68,9 @@ from tuner.workers.executors.ray_cluster import (
     connect,
     head_node_id,
 )
-from tuner.workers.executors.recipe import EvaluatorRecipe, build_evaluator
+from tuner.workers.executors.ray_tasks import Registry, cleanup_on_node, reclaim_on_cluster, remote_trial
+from tuner.workers.executors.recipe import EvaluatorRecipe
 from tuner.workers.hardware import canonical_family, hardware_matches, ray_accelerator_types
-from tuner.workers.process_group import kill_process_group
-
-KILL_GRACE_S = 10.0  # SIGTERM-to-SIGKILL grace when an executor cleans up a trial's processes
 
 log = logging.getLogger(__name__)
 
@@ -83,77 +84,6 @@ LOST = (
     rex.RaySystemError,
     rex.OutOfMemoryError,  # Ray's memory monitor killed the worker
 )
-
-
-# --------------------------------------------------------------------------------------------------
-# What runs on the cluster
-# --------------------------------------------------------------------------------------------------
-@ray.remote(num_cpus=0, max_restarts=0)
-class _Registry:
-    """Where tasks report that they started, on which node, and the process groups they left."""
-
-    def __init__(self) -> None:
-        self._info: dict[str, dict[str, Any]] = {}
-        self._cancel: set[str] = set()
-
-    def started(self, key: str, node_id: str, host: str, pid: int) -> None:
-        self._info.setdefault(key, {"pgids": []}).update(node_id=node_id, host=host, pid=pid, t=time.time())
-
-    def add_pgid(self, key: str, pgid: int) -> None:
-        self._info.setdefault(key, {"pgids": []})["pgids"].append(int(pgid))
-
-    def info(self, key: str) -> dict[str, Any] | None:
-        return self._info.get(key)
-
-    def cancel(self, key: str) -> None:
-        self._cancel.add(key)
-
-    def is_cancelled(self, key: str) -> bool:
-        return key in self._cancel
-
-    def forget(self, key: str) -> None:
-        self._info.pop(key, None)
-        self._cancel.discard(key)
-
-    def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
-
-
-def _trial_task(
-    recipe: EvaluatorRecipe, spec: TrialSpec, key: str, registry: Any, log_dir: str | None
-) -> dict[str, Any]:
-    node_id = ray.get_runtime_context().get_node_id()
-    try:
-        ray.get(registry.started.remote(key, node_id, socket.gethostname(), os.getpid()), timeout=60)
-    except Exception:
-        log.exception("trial %s: registry unreachable", key)
-
-    def on_started(pgid: int) -> None:
-        # Synchronous: the pgid must be on record before the worker can be lost.
-        try:
-            ray.get(registry.add_pgid.remote(key, pgid), timeout=60)
-        except Exception:
-            log.exception("trial %s: could not record pgid %s", key, pgid)
-
-    def cancelled() -> bool:
-        try:
-            return bool(ray.get(registry.is_cancelled.remote(key), timeout=30))
-        except Exception:
-            return False
-
-    ctx = TrialContext(is_cancelled=throttled(cancelled, 1.0), on_process_started=on_started, log_dir=log_dir)
-    evaluator = build_evaluator(recipe, in_ray=True)
-    result = evaluator(dataclasses.replace(spec, gpu_ids=None), ctx)
-    # Where it ran travels with the result, so the origin never depends on the registry being reachable.
-    return {"result": result, "node_id": node_id, "host": socket.gethostname()}
-
-
-def _cleanup_task(pgids: list[int]) -> dict[int, bool]:
-    return {pgid: kill_process_group(pgid, grace_s=KILL_GRACE_S) for pgid in pgids if pgid > 1}
-
-
-_remote_trial = ray.remote(max_retries=0)(_trial_task)
-_remote_cleanup = ray.remote(num_cpus=0, max_retries=0)(_cleanup_task)
 
 
 @dataclass
@@ -178,6 +108,8 @@ class RayExecutor(Executor):
     already connected to (or ``RAY_ADDRESS``, or starts a local one). ``hardware``: a family
     ("mi300x", "h100") or "auto" for any GPU node. ``runtime_env`` is applied to every trial task (the
     workers must run the project's Python; vLLM's own venv is the runner's ``vllm_python``, never Ray's).
+    ``ledger_dir``: where on every node trial tasks keep their trial records (one subdirectory per host; the
+    same path on every node; default: a per-user directory in the node's temporary directory).
     """
 
     def __init__(
@@ -192,6 +124,7 @@ class RayExecutor(Executor):
         cancel_grace_s: float = 30.0,
         cleanup_timeout_s: float = 60.0,
         poll_s: float = 0.2,
+        ledger_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.recipe = recipe
         self.hardware = hardware
@@ -205,12 +138,13 @@ class RayExecutor(Executor):
         self.cancel_grace_s = cancel_grace_s
         self.cleanup_timeout_s = cleanup_timeout_s
         self.poll_s = poll_s
+        self.ledger_dir = None if ledger_dir is None else os.fspath(ledger_dir)
         self._owns_ray = connect(address)
         # The registry lives on the head node (whose loss ends the cluster anyway), never on a GPU node
         # that may die mid-trial with the pgids it holds. Hard affinity: a soft one let Ray place this
         # zero-CPU actor on other nodes 7 times in 10 (Ray 2.x, local cluster), and CI lost it with a node.
         head = NodeAffinitySchedulingStrategy(head_node_id(), soft=False)
-        self._registry = _Registry.options(scheduling_strategy=head).remote()
+        self._registry = Registry.options(scheduling_strategy=head).remote()
         self._lock = threading.Lock()
         self._trials: dict[str, _Trial] = {}
         self._threads: list[threading.Thread] = []
@@ -319,6 +253,12 @@ class RayExecutor(Executor):
                 self._auto_family = choice
                 log.info("'auto' trials pinned to %s (free GPU groups per family: %s)", choice, free)
             return self._auto_family
+
+    def reclaim(self, job_id: str) -> Reclaimed:
+        """A reclaim task on every alive host of the cluster (:func:`~.ray_tasks.reclaim_on_cluster`)."""
+        return reclaim_on_cluster(
+            job_id, ledger=self.ledger_dir, runtime_env=self.runtime_env, timeout_s=self.cleanup_timeout_s
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -446,7 +386,9 @@ class RayExecutor(Executor):
         }
         if self.runtime_env:
             options["runtime_env"] = self.runtime_env
-        ref = _remote_trial.options(**options).remote(self.recipe, trial.spec, key, self._registry, trial.ctx.log_dir)
+        ref = remote_trial.options(**options).remote(
+            self.recipe, trial.spec, key, self._registry, trial.ctx.log_dir, self.ledger_dir
+        )
         started_at: float | None = None
         cancel_at: float | None = None
         forced: str | None = None
@@ -510,21 +452,8 @@ class RayExecutor(Executor):
 
     def _cleanup(self, node_id: str | None, pgids: tuple[int, ...]) -> None:
         """Kill the process groups a lost or killed task left, with a task pinned to its node."""
-        if not node_id or not pgids:
-            return
-        if not any(n.node_id == node_id for n in cluster_nodes()):
-            log.warning("node %s is gone; its process groups %s went with it", node_id, pgids)
-            return
-        options: dict[str, Any] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
-        if self.runtime_env:
-            options["runtime_env"] = self.runtime_env
-        ref = _remote_cleanup.options(**options).remote(list(pgids))
-        try:
-            killed = ray.get(ref, timeout=self.cleanup_timeout_s)
-            if not all(killed.values()):
-                log.warning("process groups still alive on node %s: %s", node_id, killed)
-        except Exception as exc:
-            log.warning("cleanup on node %s failed: %r", node_id, exc)
+        if node_id and pgids:
+            cleanup_on_node(node_id, pgids, runtime_env=self.runtime_env, timeout_s=self.cleanup_timeout_s)
 
     def _record(
         self, trial: _Trial, attempt: int, outcome: str, node: str | None, detail: str, pgids: tuple[int, ...]

@@ -11,7 +11,9 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.domain import (
@@ -183,3 +185,64 @@ def group_gone(pgid: int) -> bool:
     from tuner.workers.process_group import group_members
 
     return not group_members(pgid)
+
+
+# A runner's process, as far as a reclaim sees it: it records its trial in a lease file ("lease": GPU <gpu> of
+# the lease in <directory>; "record": a trial record, as a Ray task keeps one), starts the trial's server group
+# gated (the pgid is on record before it runs), prints the pgid and waits to be killed.
+_RUNNER = """
+import sys, time
+from tuner.workers.gpu_lease import GpuLease, trial_record
+from tuner.workers.process_group import start_gated
+kind, directory, label, gpu = sys.argv[1:5]
+if kind == "lease":
+    group = GpuLease(directory).acquire(1, [int(gpu)], timeout=30, label=label)
+else:
+    group = trial_record(directory, "runner-" + sys.argv[5], label)
+proc = start_gated(["sleep", "3600"], on_started=group.record_pgid)
+print(proc.pid, flush=True)
+time.sleep(3600)
+"""
+
+
+@dataclass
+class TrialLeft:
+    """A trial's server group started by a separate runner process (``holder``), for reclaim tests."""
+
+    pgid: int
+    holder: subprocess.Popen[str]
+
+    def kill_holder(self) -> None:
+        """The runner dies (SIGKILL: no cleanup); its server group lives on, on record, unheld."""
+        self.holder.kill()
+        self.holder.wait(timeout=30)
+
+    def stop(self) -> None:
+        from tuner.workers.process_group import kill_process_group
+
+        if self.holder.poll() is None:
+            self.kill_holder()
+        kill_process_group(self.pgid, grace_s=1.0)
+
+
+def leave_trial(
+    kind: str, directory: str | os.PathLike[str], job_id: str, number: int, *, die: bool, gpu: int | None = None
+) -> TrialLeft:
+    """Start a runner process that records trial ``number`` of ``job_id`` in ``directory`` (``kind``: "lease",
+    on GPU ``gpu``, default ``number``; or "record", see ``_RUNNER``) and starts its server group; with ``die``
+    the runner is SIGKILLed once the group runs, leaving it alive and unheld."""
+    label = f"job={job_id} trial={number}"
+    gpu = number if gpu is None else gpu
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _RUNNER, kind, str(directory), label, str(gpu), uuid.uuid4().hex],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = holder.stdout.readline() if holder.stdout else ""
+    if not line.strip().isdigit():
+        holder.kill()
+        raise AssertionError(f"the runner process did not start its group (exit {holder.wait()})")
+    left = TrialLeft(int(line), holder)
+    if die:
+        left.kill_holder()
+    return left

@@ -1,0 +1,41 @@
+"""The README's "Layout" names every module and package of ``tuner/`` and nothing that does not exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _layout() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Layout") :]
+    return section[section.index("```") + 3 : section.index("```", section.index("```") + 3)]
+
+
+def test_every_module_of_tuner_is_in_the_layout() -> None:
+    layout = _layout()
+    named = set(re.findall(r"[\w./]+\.py|tuner/\w+/", layout))
+    # a line may name siblings after the first path ("tuner/cli.py, demo.py"): resolve them in its folder
+    for line in layout.splitlines():
+        head = re.match(r"(tuner/(?:\w+/)?)", line.strip())
+        if head:
+            named |= {head.group(1) + n for n in re.findall(r"\b(\w+\.py)\b", line)}
+    missing = []
+    for path in sorted((ROOT / "tuner").iterdir()):
+        rel = path.relative_to(ROOT).as_posix()
+        if path.name.startswith(("_", ".")) or path.name == "py.typed":
+            continue
+        key = rel + "/" if path.is_dir() else rel
+        if key not in named and Path(rel).name not in named:
+            missing.append(key)
+    assert not missing, f"not in the README's Layout: {missing}"
+    for module in sorted((ROOT / "tuner" / "domain").glob("*.py")):
+        if module.name != "__init__.py":
+            assert module.name in layout, f"tuner/domain/{module.name} is not in the README's Layout"
+
+
+def test_every_path_the_layout_names_exists() -> None:
+    for path in re.findall(r"^([\w./-]+/|[\w./-]+\.py)\s", _layout(), re.M):
+        assert (ROOT / path).exists(), f"the README's Layout names {path}, which does not exist"
