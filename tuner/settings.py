@@ -82,7 +82,8 @@ class Settings(BaseSettings):
     client_cpus: str | None = Field(
         default=None,
         description="Cores the client processes run on, e.g. '6,7' or '6-7'; the launched vLLM servers are then "
-        "kept off them. Default: no pinning.",
+        "kept off them. 'auto' (the default): the last quarter of the worker's cores (1-8) on the local executor, "
+        "none under Ray (it hands a trial CPUs by count); 'none': no pinning.",
     )
     trial_deadline_s: float | None = 3600.0
     confirm_runs: int = Field(default=3, ge=3, le=10, description="Fresh-server re-measurements before recommending.")
@@ -117,7 +118,7 @@ class Settings(BaseSettings):
     @field_validator("client_cpus")
     @classmethod
     def _cpu_list(cls, v: str | None) -> str | None:
-        if v is not None:
+        if v is not None and v.strip().lower() not in ("auto", "none"):
             parse_cpu_list(v)
         return v
 
@@ -130,7 +131,13 @@ class Settings(BaseSettings):
 
     @property
     def client_cpu_list(self) -> tuple[int, ...] | None:
-        return parse_cpu_list(self.client_cpus) if self.client_cpus else None
+        """The configured client cores; None when unpinned or left to the default (see ``client_cpus_auto``)."""
+        text = (self.client_cpus or "auto").strip().lower()
+        return None if text in ("auto", "none") else parse_cpu_list(text)
+
+    @property
+    def client_cpus_auto(self) -> bool:
+        return (self.client_cpus or "auto").strip().lower() == "auto"
 
     @property
     def db_url(self) -> str:

@@ -149,18 +149,22 @@ def simulated_evaluator(spec: JobSpec, *, pace_s: float = 0.0, placeholder_proce
 
 
 def runner_options(settings: Settings, log_dir: Path) -> dict[str, Any]:
-    from tuner.workers.options import CPU_SERVER_ENV
+    from tuner.workers.options import CPU_SERVER_ENV, default_client_cpus
 
+    ray = executor_backend(settings).reserves_trial_cpus  # a trial reserves a CPU per client up front
+    client_cpus = settings.client_cpu_list
+    if settings.client_cpus_auto and not ray:
+        client_cpus = default_client_cpus()
     options: dict[str, Any] = {
         "log_dir": str(log_dir),
         "startup_timeout_s": settings.startup_timeout_s,
         "extra_env": dict(settings.vllm_extra_env),
         "return_token_ids": settings.return_token_ids,
         "client_processes": settings.client_processes,
-        "client_cpus": settings.client_cpu_list,
+        "client_cpus": client_cpus,
         "model_roots": settings.model_root_list,
     }
-    if executor_backend(settings).reserves_trial_cpus:  # a trial reserves a CPU per client up front
+    if ray:
         options["max_client_processes"] = ray_client_processes(settings)
     elif settings.max_client_processes is not None:
         options["max_client_processes"] = settings.max_client_processes

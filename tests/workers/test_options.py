@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tuner.workers.options import API_SERVER_MODULE, VLLM_PYTHON_ENV, RunnerOptions, default_vllm_python
@@ -40,6 +42,7 @@ def test_client_processes_and_cores_follow_the_settings(tmp_path) -> None:  # ty
     from tuner.settings import Settings, parse_cpu_list
     from tuner.wiring import ray_trial_cpus, runner_options
     from tuner.workers.measure import Clients
+    from tuner.workers.options import default_client_cpus
 
     assert parse_cpu_list("6-7") == (6, 7) and parse_cpu_list("0, 2,4-5") == (0, 2, 4, 5)
     for bad in ("", "a", "3-1", "1-", "-2"):
@@ -47,6 +50,20 @@ def test_client_processes_and_cores_follow_the_settings(tmp_path) -> None:  # ty
             parse_cpu_list(bad)
     with pytest.raises(ValidationError):
         Settings(data_dir=tmp_path, client_cpus="x")
+
+    # Left unset on the local executor, the clients get the last quarter of the cores (1-8) and the server the
+    # rest: sharing a core with vLLM's API server starves them. Under Ray (CPUs by count) and "none": unpinned.
+    assert default_client_cpus([0]) is None
+    assert default_client_cpus([0, 1]) == (1,)
+    assert default_client_cpus(range(16)) == (12, 13, 14, 15)
+    assert default_client_cpus(range(128)) == tuple(range(120, 128))
+    cores = os.sched_getaffinity(0)
+    auto = RunnerOptions(**runner_options(Settings(data_dir=tmp_path), tmp_path)).clients().cpus
+    assert auto == ((max(cores),) if len(cores) > 1 else None)
+    unpinned = Settings(data_dir=tmp_path, client_cpus="none")
+    assert RunnerOptions(**runner_options(unpinned, tmp_path)).clients().cpus is None
+    ray_auto = Settings(data_dir=tmp_path, executor="ray")
+    assert RunnerOptions(**runner_options(ray_auto, tmp_path)).clients().cpus is None
 
     pinned = Settings(data_dir=tmp_path, client_cpus="6-7", max_client_processes=2)
     options = RunnerOptions(**runner_options(pinned, tmp_path))

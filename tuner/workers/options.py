@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +20,18 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 def looks_local(name: str) -> bool:
     """A model name that is a filesystem path rather than a Hugging Face id (``org/name``)."""
     return name.startswith(("/", "./", "../", "~", ".")) or Path(name).expanduser().exists()
+
+
+def default_client_cpus(cores: Collection[int] | None = None) -> tuple[int, ...] | None:
+    """The cores the replay clients get when none are configured: the last quarter of this process's cores
+    (1 to 8 of them), the launched server the rest. Sharing a core with vLLM's API server starves the client
+    (its event loop ran 150-600 ms late on these 2-core machines, every level client-bound; see
+    benchmarks/README.md), and re-measuring with more processes cannot help when they share it too.
+    None on a single core, where nothing can be kept apart."""
+    available = sorted(os.sched_getaffinity(0) if cores is None else cores)
+    if len(available) < 2:
+        return None
+    return tuple(available[-min(8, max(1, len(available) // 4)) :])
 
 
 def default_vllm_python() -> str:

@@ -30,7 +30,7 @@ from tuner.domain import (
 )
 from tuner.load_levels import DEFAULT_NUM_REQUESTS, DEFAULT_WARMUP_REQUESTS, REQUESTS_PER_SLOT, window_requests
 from tuner.settings import parse_cpu_list
-from tuner.workers.options import CPU_SERVER_ENV, RunnerOptions
+from tuner.workers.options import CPU_SERVER_ENV, RunnerOptions, default_client_cpus
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
@@ -50,7 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--client-processes", type=int, default=1, help="client processes per window")
     p.add_argument("--max-client-processes", type=int, default=None, help="re-measure a client-bound window up to")
-    p.add_argument("--client-cpus", default=None, help="cores for the clients, e.g. 6-7 (the server gets the rest)")
+    p.add_argument(
+        "--client-cpus",
+        default="auto",
+        help="cores for the clients, e.g. 6-7 (the server gets the rest); auto: the last quarter of this host's "
+        "cores (1-8); none: no pinning",
+    )
     p.add_argument("--json", action="store_true", help="print the TrialResult as JSON")
     p.set_defaults(func=run)
     return p
@@ -119,9 +124,16 @@ def _evaluator(args: argparse.Namespace) -> Evaluator:
             extra_env=dict(CPU_SERVER_ENV) if args.cpu else {},
             client_processes=args.client_processes,
             max_client_processes=args.max_client_processes,
-            client_cpus=parse_cpu_list(args.client_cpus) if args.client_cpus else None,
+            client_cpus=_client_cpus(args.client_cpus),
         )
     )
+
+
+def _client_cpus(text: str) -> tuple[int, ...] | None:
+    mode = text.strip().lower()
+    if mode == "auto":
+        return default_client_cpus()
+    return None if mode == "none" else parse_cpu_list(text)
 
 
 def format_level(lr: LevelResult) -> list[str]:
