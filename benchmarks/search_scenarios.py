@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from benchmarks import search_physics as phys
 from benchmarks import search_published as pub
 from tuner.domain import (
     Evaluator,
@@ -40,12 +41,14 @@ def levels_for(concurrencies: Sequence[int]) -> tuple[LoadLevel, ...]:
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    kind: str  # "simulated" | "published"
+    kind: str  # "simulated" | "published" | "physics"
     description: str
     space: SearchSpace
     levels: tuple[LoadLevel, ...]
     engine: Callable[[int], Evaluator]  # seed -> noisy evaluator
     truth: Callable[[SpecConfig], dict[str, float] | None]  # noise-free per-level speedups, None = cannot run
+    family: str = ""  # physics families (benchmarks/search_physics.py)
+    held_out: bool = False  # run last, reported apart
 
 
 def _sim_truth(model: ModelProfile, workload: WorkloadProfile, levels: tuple[LoadLevel, ...]):
@@ -139,6 +142,47 @@ def _published(
         engine=lambda seed: pub.PublishedEngine(arms, noise=NOISE, seed=seed),
         truth=truth,
     )
+
+
+def _physics(family: phys.Family, member: tuple) -> Scenario:
+    name, description, physics, concurrencies, noise, outliers = member
+    levels = levels_for(concurrencies)
+    methods = sorted({d.method for d in physics.drafters}, key=lambda m: m.value)
+    drafts = {d.method: [d.draft] for d in physics.drafters if d.draft}
+    config = DSV3_CONFIG if Method.MTP in methods else None
+    space = build_space(
+        name,
+        config,
+        hardware="h100",
+        vllm_version="0.34.0",
+        methods=methods,
+        drafts=drafts,
+        catalog=_NO_CATALOG,
+        ngram_lookups=((2, 4),),
+    )
+
+    def truth(spec: SpecConfig) -> dict[str, float] | None:
+        if physics.runs(spec) is not None:
+            return None
+        return {lv.label: physics.speedup(spec, lv) for lv in levels}
+
+    return Scenario(
+        name,
+        "physics",
+        description,
+        space,
+        levels,
+        engine=lambda seed: phys.PhysicsEngine(physics, noise=noise, outliers=outliers, seed=seed),
+        truth=truth,
+        family=family.name,
+        held_out=family.held_out,
+    )
+
+
+def physics_scenarios() -> list[Scenario]:
+    """The families whose physics is not the simulated engine's; the held-out family last."""
+    fams = sorted(phys.families(), key=lambda f: f.held_out)
+    return [_physics(f, m) for f in fams for m in f.members]
 
 
 def _profile(name: str, **changes) -> ModelProfile:
