@@ -66,7 +66,11 @@ async def our_replay(base: str, model: str, items: list[dict], concurrency: int,
         after = await vllm_metrics.scrape(client, base)
     figures = summarize(level, window.records, window.duration_s, slo=SLO())
     sd = vllm_metrics.spec_decode_delta(before, after, 3)
+    # Tokens per SSE event after the first (the prefill's token): one event per engine step, so at c1 this is
+    # the acceptance length as the client sees it (the last step of a request can be cut by max_tokens).
+    decode_chunks = [c.tokens for rec in window.records for c in rec.chunks[1:] if c.tokens > 0]
     return {
+        "tokens_per_chunk": sum(decode_chunks) / len(decode_chunks) if decode_chunks and token_ids else None,
         "output_throughput": figures.output_throughput,
         "mean_tpot_ms": figures.tpot_ms.mean,
         "mean_ttft_ms": figures.ttft_ms.mean,
@@ -214,6 +218,8 @@ def main() -> int:
     for t in tools:
         lengths = sorted({round(r["acceptance_length"], 4) for tt, r in rows if tt == t})
         print(f"- acceptance length, {t}: {lengths}")
+    per_chunk = [round(r["tokens_per_chunk"], 4) for t, r in rows if t == "replay" and r.get("tokens_per_chunk")]
+    print(f"- tokens per SSE event after the first, replay with token ids (= acceptance length at c1): {per_chunk}")
     bench_metrics = sorted({round(r["metrics_acceptance_length"], 4) for t, r in rows if t == "vllm bench"})
     print(f"- acceptance length from our /metrics diff over the vllm bench windows: {bench_metrics}")
     print(

@@ -110,13 +110,25 @@ class ExecutorKind(StrEnum):
     RAY = "ray"  # a Ray cluster's GPU nodes
 
 
+class Purpose(StrEnum):
+    """Why a trial runs: the baseline every speedup divides by, the search, or a confirmation on a fresh
+    server of what the search concluded."""
+
+    BASELINE = "baseline"
+    SEARCH = "search"
+    CONFIRM = "confirm"
+
+
 @dataclass(frozen=True)
 class Proposal:
     """The next trial a planner wants run. ``number`` is stable within the job (Optuna's trial number)."""
 
     number: int
     spec: SpecConfig
-    purpose: str = "search"  # "baseline" | "search" | "confirm"
+    purpose: Purpose = Purpose.SEARCH
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "purpose", Purpose(self.purpose))
 
 
 class Planner(Protocol):

@@ -6,7 +6,7 @@ The only package that imports Optuna. Public names are re-exported here; the mod
 from tuner.search._space import ExcludedMethod, MethodOptions, SearchSpace, build_space, mtp_depths
 from tuner.search.catalog import DEFAULT_CATALOG, DraftCatalog, DraftEntry
 from tuner.search.compat import DEFAULT_RULES, CompatRule, load_rules
-from tuner.search.cost_model import StepCost
+from tuner.search.cost_model import StepModel, TokenCurve
 from tuner.search.extrapolation import AcceptanceCurve
 from tuner.search.levels import default_levels
 from tuner.search.library import TuneReport, tune
@@ -27,7 +27,8 @@ __all__ = [
     "ModelTraits",
     "OptunaPlanner",
     "SearchSpace",
-    "StepCost",
+    "StepModel",
+    "TokenCurve",
     "TuneReport",
     "batch_ranges",
     "build_schedule",

@@ -9,18 +9,18 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from tuner.domain import (
     SLO,
     FailureClass,
     LevelResult,
+    Method,
     Objective,
     SpecConfig,
-    TrialResult,
     TrialStatus,
 )
-from tuner.search._predict import ArmModel, Predictions
+from tuner.search._predict import Baseline, Candidate, Predictor
+from tuner.search._records import RETRYABLE, SEARCH, ConfigStats, Record
 from tuner.search._space import MethodOptions, SearchSpace
 from tuner.search.cost_model import (
     in_flight,
@@ -32,64 +32,9 @@ from tuner.search.objective import combine, level_metric, slo_violation
 from tuner.search.schedule import build_schedule
 
 DEFAULT_NOISE = 0.03
-SEARCH = ("baseline", "search")
-# Failure classes that say nothing about the configuration: the same config is queued again (at most twice).
-RETRYABLE = {FailureClass.INFRA, FailureClass.CANCELLED}
-MAX_RETRIES = 2
-MAX_SEARCH_REPEATS = 2
 
 
-@dataclass
-class Record:
-    """One stored Optuna trial as the planner sees it."""
-
-    number: int
-    state: str  # optuna TrialState name
-    spec: SpecConfig | None
-    purpose: str
-    result: TrialResult | None = None
-    skipped: str | None = None  # never launched (fail-fast)
-    abandoned: str | None = None
-    retry_of: int | None = None
-
-    @property
-    def pending(self) -> bool:
-        return self.state in {"RUNNING", "WAITING"} and self.result is None and not self.skipped
-
-    @property
-    def measured(self) -> bool:
-        return self.result is not None and self.result.status is TrialStatus.SUCCEEDED
-
-    @property
-    def launched(self) -> bool:
-        """Counts against the trial budget: proposed and not a not-launched/infrastructure failure."""
-        if self.skipped or self.abandoned or self.spec is None:
-            return False
-        if self.result is None:
-            return self.pending
-        if self.result.status is TrialStatus.SKIPPED:
-            return False
-        f = self.result.failure
-        return not (f is not None and (f.cls is FailureClass.UNSUPPORTED or f.cls in RETRYABLE))
-
-
-@dataclass
-class ConfigStats:
-    spec: SpecConfig
-    numbers: list[int] = field(default_factory=list)
-    ratios: dict[str, list[float]] = field(default_factory=dict)  # per level, per run: metric / baseline
-    violations: dict[str, list[float]] = field(default_factory=dict)
-    diverged: bool = False
-
-    def per_level(self) -> dict[str, float]:
-        return {label: statistics.fmean(v) for label, v in self.ratios.items() if v}
-
-    @property
-    def runs(self) -> int:
-        return len(self.numbers)
-
-
-class Analysis(Predictions):
+class Analysis:
     def __init__(
         self,
         space: SearchSpace,
@@ -153,7 +98,18 @@ class Analysis(Predictions):
             if r.spec is not None and r.result is not None and r.result.status.has_figures()
         }
         self.noise = noise if noise is not None else self._estimate_noise()
-        self._models: dict[tuple[str, str], ArmModel | None] = {}
+        self.prediction_errors = self._prediction_errors()
+        self.band = self._band()
+        self.predictor = Predictor(
+            space=space,
+            labels=self.labels,
+            weights=self.weights,
+            objective=objective,
+            baseline=Baseline(self.baseline_tpot, self.baseline_c, self.baseline_prefill, self.baseline_out),
+            results={r.number: r.result for r in search if r.result is not None},
+            stats=self.stats,
+            band=self.band,
+        )
 
     # ---------------------------------------------------------------------------------------------- inputs
     def _baseline_figures(self) -> None:
@@ -267,6 +223,60 @@ class Analysis(Predictions):
             return DEFAULT_NOISE
         return max(0.01, min(0.2, math.sqrt(statistics.fmean(devs))))
 
+    def _prediction_errors(self) -> list[float]:
+        """The prediction-error log: for every search trial proposed with a prediction and then measured,
+        |log(measured / predicted)| at each level (its own run against the baseline's mean figures)."""
+        out: list[float] = []
+        if not self.has_baseline:
+            return out
+        for r in self.search_records:
+            if not r.predicted or not r.measured or r.spec is None:
+                continue
+            for label, pred in r.predicted.items():
+                lr = r.result.level(label)
+                if lr is None or label not in self.baseline_metric or pred <= 0:
+                    continue
+                got = level_metric(lr, self.objective) / self.baseline_metric[label]
+                if got > 0:
+                    out.append(abs(math.log(got / pred)))
+        return out
+
+    def _band(self) -> float:
+        """How far a prediction may be off: the root mean square of the logged errors once two trials have
+        been checked (their per-level errors pooled), else a prior of twice the noise; never below the noise
+        (a prediction is checked against one noisy run)."""
+        checked = sum(1 for r in self.search_records if r.predicted and r.measured)
+        if checked < 2 or not self.prediction_errors:
+            return 2 * self.noise
+        rms = math.sqrt(statistics.fmean(e * e for e in self.prediction_errors))
+        return max(self.noise, rms)
+
+    def candidates(self, pending_keys: set[str]) -> list[Candidate]:
+        """Untried configurations of arms still in play, with predictions."""
+        out = []
+        for opt in self.space.options:
+            if opt.method is Method.OFF or opt.key in self.excluded_arms:
+                continue
+            cap = self.caps.get(opt.key)
+            for spec in opt.specs():
+                key = spec.key()
+                if cap is not None and spec.num_speculative_tokens >= cap:
+                    continue
+                if key in self.stats or key in self.measured_keys or key in pending_keys or key in self.failed_configs:
+                    continue
+                per_level, margin = self.predict(opt, spec)
+                if per_level is None:
+                    out.append(Candidate(spec, opt, None, None, math.inf))
+                else:
+                    value = combine(per_level, self.weights)
+                    out.append(Candidate(spec, opt, per_level, value, value * (1 + margin), margin))
+        return out
+
+    def predict(self, opt: MethodOptions, spec: SpecConfig) -> tuple[dict[str, float] | None, float]:
+        if not self.can_predict:
+            return None, math.inf
+        return self.predictor.predict(opt, spec)
+
     # ----------------------------------------------------------------------------------------- feasibility
     def infeasible_levels(self, st: ConfigStats) -> list[str]:
         """Levels where this config breaks a p99 SLO the baseline meets (levels the baseline breaks too are
@@ -337,7 +347,7 @@ class Analysis(Predictions):
             return None, 0.0, {}, []
         lookup = (static.spec.prompt_lookup_min, static.spec.prompt_lookup_max) if opt.lookups else None
         cap = self.caps.get(opt.key)
-        arm = self._arm_model(opt, lookup) if opt.fixed_length else None
+        arm = self.predictor.arm(opt, lookup) if opt.fixed_length else None
         picks: dict[str, tuple[int, float]] = {}
         for label in self.labels:
             choice = (0, 1.0)

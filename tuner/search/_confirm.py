@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tuner.domain import SpecConfig, TrialStatus
-from tuner.search._analysis import Analysis, Record
+from tuner.search._analysis import Analysis
+from tuner.search._records import Record
 
 # A winner that keeps failing its confirmations is replaced by the next; this bounds how often.
 MAX_CONFIRM_ROUNDS = 4

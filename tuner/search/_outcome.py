@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from tuner.domain import (
     Engine,
@@ -17,11 +17,21 @@ from tuner.domain import (
     TrialStatus,
     TuneOutcome,
 )
-from tuner.search._analysis import Analysis, ConfigStats, Record
+from tuner.search._analysis import Analysis
+from tuner.search._records import ConfigStats, Record
+from tuner.search._space import SearchSpace
 from tuner.search.objective import combine, level_metric
 
-if TYPE_CHECKING:
-    from tuner.search.planner import OptunaPlanner
+
+@dataclass(frozen=True)
+class OutcomeContext:
+    """What the outcome needs besides the trials: the space, how often a target is confirmed, why the
+    search stopped (None: it has not) and the engine the figures came from."""
+
+    space: SearchSpace
+    confirm_runs: int
+    finished: str | None
+    engine: Engine
 
 
 def _confirm_runs(records: Sequence[Record], spec: SpecConfig) -> list[TrialResult]:
@@ -94,18 +104,18 @@ def _short(spec: SpecConfig) -> str:
     return f"{spec.method.value} k={spec.num_speculative_tokens}" + (" (schedule)" if spec.schedule else "")
 
 
-def build_outcome(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]) -> tuple[TuneOutcome, Speedup | None]:
+def build_outcome(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -> tuple[TuneOutcome, Speedup | None]:
     notes: list[str] = []
     noise = a.noise
     notes.append(
         f"objective {a.objective.value}: weighted geometric mean over levels of the per-level speedup vs the "
         f"baseline (weights {', '.join(f'{k}={v:g}' for k, v in a.weights.items())}); noise taken as {noise:.1%}"
     )
-    finished = planner.study.user_attrs.get("search_finished")
+    finished = ctx.finished
     if finished:
         notes.append(f"search stopped: {finished}")
     baseline_trial = a.baseline_runs[0].number if a.baseline_runs else None
-    engine = planner.engine(list(records))
+    engine = ctx.engine
     winners = per_level_winners(a, records) if a.has_baseline else ()
     if not a.has_baseline:
         notes.append(
@@ -123,13 +133,13 @@ def build_outcome(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]
             notes=tuple(notes),
             engine=engine,
             noise=a.noise,
-            skipped=_skipped(planner, a, records),
+            skipped=_skipped(ctx, a, records),
             confirm_trials=_confirm_numbers(records),
         ), None
 
     baselines = _confirm_runs(records, SpecConfig())
-    best, best_trial, speedup = _static_best(planner, a, records, baselines, notes)
-    schedule, speedup, sched_speedup = _schedule(planner, a, records, baselines, best, speedup, notes)
+    best, best_trial, speedup = _static_best(ctx, a, records, baselines, notes)
+    schedule, speedup, sched_speedup = _schedule(ctx, a, records, baselines, best, speedup, notes)
     if schedule is None and best.is_off:
         notes.append("do not speculate: nothing beats the baseline beyond noise")
 
@@ -159,9 +169,9 @@ def build_outcome(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]
         notes.append(f"{arm} excluded: {reason}")
     for arm, cap in a.caps.items():
         notes.append(f"{arm}: out of memory at depth {cap}; only depths below {cap} tried")
-    for ex in planner.space.excluded:
+    for ex in ctx.space.excluded:
         notes.append(f"{ex.method.value}{'@' + ex.draft if ex.draft else ''} not in the space: {ex.reason}")
-    if (note := _catalog_note(planner, schedule or best, engine)) is not None:
+    if (note := _catalog_note(ctx, schedule or best, engine)) is not None:
         notes.append(note)
     outcome = TuneOutcome(
         best=best,
@@ -171,7 +181,7 @@ def build_outcome(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]
         baseline_trial=baseline_trial,
         best_trial=best_trial,
         confirm_trials=_confirm_numbers(records),
-        skipped=_skipped(planner, a, records),
+        skipped=_skipped(ctx, a, records),
         notes=tuple(notes),
         engine=engine,
         noise=a.noise,
@@ -179,13 +189,13 @@ def build_outcome(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]
     return outcome, sched_speedup
 
 
-def _confirmed(planner: OptunaPlanner, speedup: Speedup | None) -> bool:
+def _confirmed(ctx: OutcomeContext, speedup: Speedup | None) -> bool:
     """Measured on fresh servers as often as the planner confirms (never, when confirm_runs is 0)."""
-    return speedup is not None and planner.confirm_runs > 0 and speedup.runs >= planner.confirm_runs
+    return speedup is not None and ctx.confirm_runs > 0 and speedup.runs >= ctx.confirm_runs
 
 
 def _static_best(
-    planner: OptunaPlanner,
+    ctx: OutcomeContext,
     a: Analysis,
     records: Sequence[Record],
     baselines: Sequence[TrialResult],
@@ -207,7 +217,7 @@ def _static_best(
     s_search = a.speedup(win)
     runs = _confirm_runs(records, win.spec)
     confirmed = paired_speedup(a, runs, baselines) if runs else None
-    if _confirmed(planner, confirmed):
+    if _confirmed(ctx, confirmed):
         if confirmed.mean > 1 + noise:
             return win.spec, win.numbers[0], confirmed
         notes.append(
@@ -226,14 +236,14 @@ def _static_best(
     speedup = confirmed if partial else search_speedup(a, win)
     notes.append(
         f"unconfirmed: speedup of {win.spec.label()} from {speedup.runs} "
-        f"{'confirmation' if partial else 'search'} run(s); {planner.confirm_runs} confirmation runs "
-        f"{'pending' if planner.confirm_runs else 'disabled'}"
+        f"{'confirmation' if partial else 'search'} run(s); {ctx.confirm_runs} confirmation runs "
+        f"{'pending' if ctx.confirm_runs else 'disabled'}"
     )
     return win.spec, win.numbers[0], speedup
 
 
 def _schedule(
-    planner: OptunaPlanner,
+    ctx: OutcomeContext,
     a: Analysis,
     records: Sequence[Record],
     baselines: Sequence[TrialResult],
@@ -255,12 +265,12 @@ def _schedule(
     runs = _confirm_runs(records, sched)
     own = paired_speedup(a, runs, baselines) if runs else None
     label = sched.label()
-    if not _confirmed(planner, own):
+    if not _confirmed(ctx, own):
         if value <= 1 + noise:
             notes.append(
                 f"no schedule: the best one ({label}, {value:.3f}x predicted) does not beat the baseline beyond noise"
             )
-        elif planner.confirm_runs <= 0:
+        elif ctx.confirm_runs <= 0:
             notes.append(
                 f"no schedule: {label} ({value:.3f}x predicted) is deployed only after its own "
                 "confirmation runs, and confirm_runs is 0"
@@ -268,7 +278,7 @@ def _schedule(
         else:
             notes.append(
                 f"no schedule yet: {label} ({value:.3f}x predicted from the search trials) is deployed "
-                f"only after {planner.confirm_runs} confirmation runs"
+                f"only after {ctx.confirm_runs} confirmation runs"
             )
         return None, speedup, own
     measured = f"{own.mean:.3f}x ({own.low:.3f}-{own.high:.3f}) over {own.runs} confirmation runs"
@@ -287,9 +297,9 @@ def _schedule(
     return sched, own, own
 
 
-def _catalog_note(planner: OptunaPlanner, deployed: SpecConfig, engine: Engine) -> str | None:
+def _catalog_note(ctx: OutcomeContext, deployed: SpecConfig, engine: Engine) -> str | None:
     """Where a deployed draft from the built-in catalog comes from, and whether this job is evidence for it."""
-    opt = planner.space.option_for(deployed)
+    opt = ctx.space.option_for(deployed)
     if opt is None or opt.source != "catalog" or opt.draft is None:
         return None
     evidence = (
@@ -311,7 +321,7 @@ def _confirm_numbers(records: Sequence[Record]) -> tuple[int, ...]:
     return tuple(r.number for r in records if r.purpose == "confirm" and r.result is not None)
 
 
-def _skipped(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]) -> tuple[SkippedCandidate, ...]:
+def _skipped(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -> tuple[SkippedCandidate, ...]:
     """Every configuration of the space that was never run, with its prediction and the reason."""
     out: list[SkippedCandidate] = []
     pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
@@ -332,7 +342,7 @@ def _skipped(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]) -> 
             reason = f"not run: budget spent (predicted {c.predicted:.3f}x)"
             pred = c.predicted
         out.append(SkippedCandidate(c.spec, _finite(pred), reason))
-    for opt in planner.space.options:
+    for opt in ctx.space.options:
         if opt.key in a.excluded_arms:
             for spec in opt.specs():
                 if spec.key() not in a.stats:
@@ -341,7 +351,7 @@ def _skipped(planner: OptunaPlanner, a: Analysis, records: Sequence[Record]) -> 
             for spec in opt.specs():
                 if spec.num_speculative_tokens >= a.caps[opt.key] and spec.key() not in a.stats:
                     out.append(SkippedCandidate(spec, 0.0, f"depth >= {a.caps[opt.key]} ran out of memory"))
-    for ex in planner.space.excluded:
+    for ex in ctx.space.excluded:
         out.append(SkippedCandidate(SpecConfig(method=ex.method, model=ex.draft), 0.0, ex.reason))
     return tuple(out)
 

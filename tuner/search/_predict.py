@@ -1,6 +1,8 @@
-"""Predictions for untried configurations from an arm's trials: acceptance curve plus step-cost model.
+"""Predictions for untried configurations: each arm's acceptance curve and one step-cost model learnt from
+every trial (``cost_model.py``), anchored level by level on what was measured.
 
-Mixed into ``Analysis`` (``_analysis.py``), which owns the measured figures these read.
+A ``Predictor`` is built from explicit inputs (the baseline's figures, the search trials' results, each
+configuration's measured ratios, the error band) and composed into ``Analysis``; it reads nothing else.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tuner.domain import Method, Objective, Proposer, SpecConfig
-from tuner.search._space import MethodOptions
+from tuner.domain import Objective, Proposer, SpecConfig, TrialResult
+from tuner.search._records import ConfigStats
+from tuner.search._space import MethodOptions, SearchSpace
 from tuner.search.cost_model import (
-    CostPoint,
-    StepCost,
+    StepModel,
+    StepPoint,
     closed_loop_gain,
-    fit,
+    fit_step_model,
     overhead_ms,
     prefill_share,
     raw_step,
@@ -26,54 +29,107 @@ from tuner.search.objective import combine
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """The baseline's figures per level: raw decode step (ms), requests in flight, prefill GPU ms per request,
+    output tokens per request."""
+
+    step: Mapping[str, float]
+    c: Mapping[str, float]
+    prefill: Mapping[str, float]
+    out: Mapping[str, float]
+
+
+@dataclass(frozen=True)
 class Candidate:
-    """An untried configuration with its prediction (None: nothing known about its arm yet)."""
+    """An untried configuration with its prediction (None: nothing known about its arm yet).
+
+    ``margin`` is how far it may beat its point prediction (the calibrated band times how much less is known
+    about it): its optimistic figure at a level is ``per_level[label] * (1 + margin)``.
+    """
 
     spec: SpecConfig
     option: MethodOptions
     per_level: Mapping[str, float] | None
     predicted: float | None
     optimistic: float  # inf when unknown
+    margin: float = math.inf
 
 
 @dataclass(frozen=True)
 class ArmModel:
-    """What an arm's trials say: acceptance curve, step-cost fit(s), deepest depth, TTFT per level."""
+    """What an arm's trials say: acceptance curve, deepest depth, proposal rate, prefill per level and
+    the measured per-level speedups by depth."""
 
+    key: str
+    kind: Proposer
     curve: AcceptanceCurve
-    costs: list[StepCost]
     depth: int
     rate: float  # P(a request-step proposes): 1 for fixed-length drafters
     per_proposal: float  # draft tokens per proposal at the deepest depth
     fixed: bool
-    block: bool  # DFlash / DSpark: one draft pass per step
     unbiased: bool  # per-position rates are true per step (fixed length, or decode steps known)
-    ttft: dict[str, float]
     prefill: dict[str, float]  # GPU ms of prefill per request with this drafter (it prefills too)
     measured: dict[int, dict[str, float]]  # depth -> measured per-level speedups of this arm
+    points: tuple[StepPoint, ...]  # its trials' steps, for the pooled step-cost model
+
+    def verified(self, k: int) -> float:
+        """Draft tokens verified per request-step at depth ``k``."""
+        return float(k) if self.fixed else self.rate * min(k, self.per_proposal)
+
+    def tau(self, k: int) -> float:
+        if self.fixed:
+            return self.curve.tau(k)
+        return self.curve.tau(min(k, self.depth)) + max(0, k - self.depth) * self.curve.survival(self.depth)
 
 
-class Predictions:
-    """Prediction methods of ``Analysis``."""
+class Predictor:
+    def __init__(
+        self,
+        *,
+        space: SearchSpace,
+        labels: list[str],
+        weights: Mapping[str, float],
+        objective: Objective,
+        baseline: Baseline,
+        results: Mapping[int, TrialResult],
+        stats: Mapping[str, ConfigStats],
+        band: float,
+    ) -> None:
+        self.space = space
+        self.labels = labels
+        self.weights = weights
+        self.objective = objective
+        self.baseline = baseline
+        self.results = results
+        self.stats = stats
+        self.band = band
+        self._arms: dict[tuple[str, str], ArmModel | None] = {}
+        self._model: StepModel | None = None
+        self._model_done = False
 
-    def _arm_model(self, opt: MethodOptions, lookup: tuple[int, int] | None) -> ArmModel | None:
+    @property
+    def ready(self) -> bool:
+        return all(label in self.baseline.step for label in self.labels)
+
+    # ------------------------------------------------------------------------------------------ arms
+    def arm(self, opt: MethodOptions, lookup: tuple[int, int] | None) -> ArmModel | None:
         key = (opt.key, repr(lookup))
-        if key not in self._models:
-            self._models[key] = self._fit_arm(opt, lookup)
-        return self._models[key]
+        if key not in self._arms:
+            self._arms[key] = self._fit_arm(opt, lookup)
+        return self._arms[key]
 
     def _fit_arm(self, opt: MethodOptions, lookup: tuple[int, int] | None) -> ArmModel | None:
-        numbers = {
-            n
+        mine = [
+            st
             for st in self.stats.values()
             if st.spec.schedule is None
-            and self.option_of(st.spec) is opt
+            and self.space.option_for(st.spec) is opt
             and not st.diverged
             and (lookup is None or (st.spec.prompt_lookup_min, st.spec.prompt_lookup_max) == lookup)
-            for n in st.numbers
-        }
-        results = [r.result for r in self.search_records if r.number in numbers and r.result is not None]
-        if not results or not self.can_predict:
+        ]
+        numbers = {n for st in mine for n in st.numbers}
+        results = [res for n, res in self.results.items() if n in numbers]
+        if not results or not self.ready:
             return None
         fixed = opt.fixed_length
         stats = [lr.spec_decode for res in results for lr in res.levels if lr.spec_decode is not None]
@@ -91,14 +147,13 @@ class Predictions:
             rate = drafts / steps if use_steps and steps else 1.0
             per_proposal = sum(sd.num_draft_tokens for sd in ds) / drafts if drafts else float(depth)
         kind = opt.method.traits.proposer
-        points: list[CostPoint] = []
-        ttft: dict[str, list[float]] = {}
+        points: list[StepPoint] = []
         prefill: dict[str, list[float]] = {}
         for res in results:
             k = res.spec.num_speculative_tokens
             for label in self.labels:
                 lr = res.level(label)
-                if lr is None or label not in self.baseline_tpot or lr.tpot_ms.mean <= 0:
+                if lr is None or lr.tpot_ms.mean <= 0:
                     continue
                 sd = lr.spec_decode
                 if sd is None or not sd.num_drafts:
@@ -109,121 +164,109 @@ class Predictions:
                 else:
                     tau = sd.acceptance_length
                     v = sd.mean_proposed_per_draft if not fixed else float(k)
-                t_off, c = self.baseline_tpot[label], self.baseline_c[label]
+                t_off, c = self.baseline.step[label], self.baseline.c[label]
                 per_ms = lr.request_throughput / 1000.0
                 pf = prefill_share(lr.ttft_ms.mean, lr.tpot_ms.mean * tau, per_ms)
                 prefill.setdefault(label, []).append(pf)
                 step = raw_step(lr.tpot_ms.mean, tau, per_ms, pf)
-                points.append(CostPoint(c, k, v, step - t_off - overhead_ms(t_off, c)))
-                ttft.setdefault(label, []).append(lr.ttft_ms.mean)
+                points.append(StepPoint(c, step - overhead_ms(t_off, c), opt.key, kind, k, v))
         if not points:
             return None
-        costs = [c for c in (fit(points, kind=kind, prefer="d"), fit(points, kind=kind, prefer="u")) if c]
         return ArmModel(
+            key=opt.key,
+            kind=kind,
             curve=curve,
-            costs=costs,
             depth=depth,
             rate=rate,
             per_proposal=per_proposal,
             fixed=fixed,
             unbiased=fixed or use_steps,
-            block=kind is Proposer.BLOCK,
-            ttft={label: statistics.fmean(v) for label, v in ttft.items()},
             prefill={label: statistics.fmean(v) for label, v in prefill.items()},
-            measured={
-                st.spec.num_speculative_tokens: st.per_level()
-                for st in self.stats.values()
-                if any(n in numbers for n in st.numbers)
-            },
+            measured={st.spec.num_speculative_tokens: st.per_level() for st in mine},
+            points=tuple(points),
         )
 
-    def _per_level(self, arm: ArmModel, k: int, tau: float, cost: StepCost) -> dict[str, float]:
-        v = float(k) if arm.fixed else arm.rate * min(k, arm.per_proposal)
+    def step_model(self) -> StepModel | None:
+        """One model over every measured arm and the baseline (the target's curve is shared)."""
+        if self._model_done:
+            return self._model
+        self._model_done = True
+        if not self.ready:
+            return None
+        points = [StepPoint(self.baseline.c[lb], self.baseline.step[lb]) for lb in self.labels]
+        for opt in self.space.options:
+            for lookup in opt.lookups or (None,):
+                arm = self.arm(opt, lookup)
+                if arm is not None:
+                    points.extend(arm.points)
+        self._model = fit_step_model(points)
+        return self._model
+
+    # ------------------------------------------------------------------------------------------ predictions
+    def _per_level(self, arm: ArmModel, k: int, model: StepModel) -> dict[str, float]:
+        v = arm.verified(k)
+        tau = arm.tau(k)
         out = {}
         for label in self.labels:
-            t_off = self.baseline_tpot[label]
-            c = self.baseline_c[label]
-            step = t_off + overhead_ms(t_off, c) + cost.extra(c, k, v)
+            t_off = self.baseline.step[label]
+            c = self.baseline.c[label]
+            step = t_off + overhead_ms(t_off, c) + model.extra(arm.key, arm.kind, c, k, v)
             out[label] = closed_loop_gain(
                 t_off,
                 step,
                 tau,
                 c=c,
-                prefill=self.baseline_prefill[label],
-                out_tokens=self.baseline_out[label],
+                prefill=self.baseline.prefill[label],
+                out_tokens=self.baseline.out[label],
                 prefill_k=arm.prefill.get(label),
                 tpot=self.objective is Objective.TPOT,
             )
         return out
 
-    def _anchored(self, arm: ArmModel, k: int, tau: float, cost: StepCost) -> dict[str, float]:
+    def _anchored(self, arm: ArmModel, k: int, model: StepModel) -> dict[str, float]:
         """The model's prediction scaled, level by level, by measured / modelled at the nearest measured depth:
         the model only has to get the change with depth right, not the absolute level."""
-        model = self._per_level(arm, k, tau, cost)
+        pred = self._per_level(arm, k, model)
         if not arm.measured:
-            return model
+            return pred
         d = min(arm.measured, key=lambda x: (abs(x - k), -x))
         if d == k:
             return dict(arm.measured[d])
-        at_d = self._per_level(arm, d, arm.curve.tau(d), cost)
+        at_d = self._per_level(arm, d, model)
         return {
-            label: model[label] * arm.measured[d][label] / at_d[label]
+            label: pred[label] * arm.measured[d][label] / at_d[label]
             if label in arm.measured[d] and at_d[label] > 0
-            else model[label]
+            else pred[label]
             for label in self.labels
         }
 
     def predict(self, opt: MethodOptions, spec: SpecConfig) -> tuple[dict[str, float] | None, float]:
-        """Per-level predicted speedups and an optimistic objective; (None, inf) when the arm is unmeasured.
+        """Per-level predicted speedups and the margin they may be beaten by; (None, inf) when the arm is
+        unmeasured.
 
-        Fixed-length arms: tau from the measured acceptance curve, one point prediction anchored on the nearest
-        measured depth; optimism = noise / 2 (2 x noise for block drafters), 3 x noise beyond the deepest
-        measured depth. Lookup arms only bound: beyond the measured depth
-        every further position is assumed accepted whenever the last measured one was, and when one depth
-        cannot separate the two cost terms both attributions are tried and the better one kept.
+        The margin is the calibrated error band (``band``: how wrong predictions have been, a prior until
+        some were checked) times how much less is known here: 1 within the measured depths of a fixed-length
+        or step-counted arm, 1.5 for block drafters (their cost splits less cleanly), 2 for a lookup arm
+        measured per proposal only, 3 beyond the deepest measured depth or for another lookup window.
         """
         if spec.is_off:
-            return dict.fromkeys(self.labels, 1.0), 1.0
+            return dict.fromkeys(self.labels, 1.0), 0.0
         lookup = (spec.prompt_lookup_min, spec.prompt_lookup_max) if opt.lookups else None
-        arm = self._arm_model(opt, lookup) or (self._arm_model(opt, None) if lookup is not None else None)
-        if arm is None or not self.can_predict:
+        arm = self.arm(opt, lookup) or (self.arm(opt, None) if lookup is not None else None)
+        model = self.step_model()
+        if arm is None or model is None:
             return None, math.inf
         k = spec.num_speculative_tokens
-        n = self.noise
-        own_window = lookup is None or self._arm_model(opt, lookup) is not None
-        if arm.fixed:
-            per_level = self._anchored(arm, k, arm.curve.tau(k), arm.costs[0])
-            # block drafters draft in one pass: their cost splits less cleanly between draft and verify
-            margin = (2 * n if arm.block else n / 2) if k <= arm.depth else 3 * n
-            return per_level, combine(per_level, self.weights) * (1 + margin)
-        depth = arm.depth
-        tau = arm.curve.tau(min(k, depth)) + max(0, k - depth) * arm.curve.survival(depth)
-        options = [self._anchored(arm, k, tau, cost) for cost in arm.costs]
-        values = [combine(p, self.weights) for p in options]
-        if not own_window:
-            margin = 3 * n  # another lookup window changes the match rate: a wide bound
-        elif k <= depth and arm.unbiased:
-            margin = n / 2  # a truncation of measured proposals, counted per decode step
+        own_window = lookup is None or self.arm(opt, lookup) is not None
+        if k > arm.depth or not own_window:
+            factor = 3.0
+        elif arm.kind is Proposer.BLOCK:
+            factor = 1.5
+        elif arm.unbiased:
+            factor = 1.0
         else:
-            margin = 2 * n
-        return options[0], max(values) * (1 + margin)
+            factor = 2.0
+        return self._anchored(arm, k, model), self.band * factor
 
-    def candidates(self, pending_keys: set[str]) -> list[Candidate]:
-        """Untried configurations of arms still in play, with predictions."""
-        out = []
-        for opt in self.space.options:
-            if opt.method is Method.OFF or opt.key in self.excluded_arms:
-                continue
-            cap = self.caps.get(opt.key)
-            for spec in opt.specs():
-                key = spec.key()
-                if cap is not None and spec.num_speculative_tokens >= cap:
-                    continue
-                if key in self.stats or key in self.measured_keys or key in pending_keys or key in self.failed_configs:
-                    continue
-                per_level, optimistic = self.predict(opt, spec)
-                if per_level is None:
-                    out.append(Candidate(spec, opt, None, None, math.inf))
-                else:
-                    out.append(Candidate(spec, opt, per_level, combine(per_level, self.weights), optimistic))
-        return out
+    def combine(self, per_level: Mapping[str, float]) -> float:
+        return combine(per_level, self.weights)

@@ -1,33 +1,40 @@
-"""A step-cost model fitted from the trials so far: decode step time against draft tokens and batch.
+"""A step-cost model learnt from the trials so far: the decode step against the tokens it verifies.
 
 Prefill competes with decoding: with chunked prefill, a step that carries prompt chunks takes longer, so
 TPOT = S / (1 - r P), where S is the raw decode step, r the request rate and P the GPU time of one
 request's prefill. P comes from the baseline's TTFT (about one step plus its own prefill, stretched the same
 way): P = X / (1 + r X) with X = TTFT - TPOT. A trial's raw step at one level is then
-``S = TPOT x tau x (1 - r P)`` (tau tokens per request-step). The extra cost of speculating, per
-method+draft, is modelled with two non-negative coefficients fitted by least squares over every level of
-every trial of that arm (one trial at four levels already pins both):
+``S = TPOT x tau x (1 - r P)`` (tau tokens per request-step).
 
-- chain drafters (EAGLE, EAGLE-3, MTP, draft_model): ``dT = k * d + u * c * k``: k sequential draft steps,
-  k more tokens per request to verify;
-- block drafters (DFlash, DSpark): ``dT = d + u * c * k``: one parallel draft pass;
-- lookup proposers (ngram, suffix): ``dT = d * v + u * c * v``, with v the verified draft tokens per
-  request-step (proposal rate x tokens per proposal, measured) in place of k.
+The shape of the step is learnt, not assumed. The target's forward pass depends mostly on the tokens it
+processes per step: the baseline at concurrency c runs about c, a speculative trial about c (1 + v), with v
+the draft tokens verified per request-step (k for fixed-length drafters; proposals per step x tokens per
+proposal for lookup proposers, measured). On a GPU that pass is flat until the batch's tokens cross the
+roofline knee and steeper after it, and MoE experts, KV reads and scheduling bend it further: so the model
+is one monotone (non-decreasing) curve ``T(n)`` over tokens per step, pooled over every trial and level
+(isotonic regression in log n, piecewise linear between its knots), plus each drafter's own cost with two
+non-negative coefficients per method+draft:
 
+- chain drafters (EAGLE, EAGLE-3, MTP, draft_model): ``k (a + b c)``: k sequential draft passes over c requests;
+- block drafters (DFlash, DSpark): ``a + b c k``: one parallel pass over c k draft positions;
+- lookup proposers (ngram, suffix): ``v (a + b c)``.
+
+The two are fitted in turns (curve on the steps minus the drafters' cost; drafters on what the curve leaves).
 On top of that every speculative config pays vLLM's spec-decode bookkeeping, even at K = 0: +6.6% TPOT at c2
-and +21.6% at c189 (Gemma-4-31B on H100, vllm issue #49548), taken as the prior ``overhead(c) = T_off x
-(0.0644 + 0.0008 c)`` and subtracted before the fit: one depth alone cannot tell a fixed cost from a
-per-token one.
+and +21.6% at c189 (Gemma-4-31B on H100, docs/vllm-facts.md), taken as the prior ``overhead(c) = T_off x
+(0.0644 + 0.0008 c)`` and subtracted first.
 
-The prediction at depth k and level c is ``S_k = S_off + overhead + dT``; with c requests in flight each
-needing n = out - 1 decode tokens, the closed loop settles at ``r = c / (c P + P + S (1 + n / tau))``
-requests/s (``closed_loop_gain``); throughput is r x out and TPOT = S / (tau (1 - r P)).
+The prediction at depth k and level c is ``S_k = S_off + overhead + T(c (1 + v)) - T(c) + draft(c, k)``;
+with c requests in flight each needing n = out - 1 decode tokens, the closed loop settles at
+``r = c / (c P + P + S (1 + n / tau))`` requests/s (``closed_loop_gain``); throughput is r x out and
+TPOT = S / (tau (1 - r P)).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from tuner.domain import LevelResult, LoadKind, Proposer
 
@@ -86,50 +93,110 @@ def out_per_request(lr: LevelResult) -> float:
 
 
 @dataclass(frozen=True)
-class CostPoint:
+class StepPoint:
+    """One level of one trial: its raw decode step with the bookkeeping prior removed (``arm`` None: the
+    baseline, whose step is the target's alone)."""
+
     c: float  # requests in flight
-    k: int  # configured depth
-    v: float  # verified draft tokens per request-step
-    extra_ms: float  # measured decode step minus the baseline's at this level
+    step_ms: float
+    arm: str | None = None
+    kind: Proposer | None = None
+    k: int = 0  # configured depth
+    v: float = 0.0  # draft tokens verified per request-step
+
+    @property
+    def tokens(self) -> float:
+        """Tokens the target processes per step."""
+        return self.c * (1.0 + self.v)
 
 
 @dataclass(frozen=True)
-class StepCost:
-    d: float
-    u: float
-    kind: Proposer
+class TokenCurve:
+    """A non-decreasing step time over tokens per step: knots (log n, ms), linear in log n between them,
+    flat below the first, extended past the last along the last segment's slope in n (compute-bound)."""
 
-    def extra(self, c: float, k: int, v: float) -> float:
-        """Step time added by the drafter and the extra verified tokens (the bookkeeping excluded)."""
+    knots: tuple[tuple[float, float], ...]
+
+    def __call__(self, n: float) -> float:
+        if not self.knots:
+            return 0.0
+        x = math.log(max(n, 1e-9))
+        ks = self.knots
+        if x <= ks[0][0]:
+            return ks[0][1]
+        if x >= ks[-1][0]:
+            if len(ks) < 2:
+                return ks[-1][1]
+            (x0, y0), (x1, y1) = ks[-2], ks[-1]
+            dn = math.exp(x1) - math.exp(x0)
+            slope = max(0.0, (y1 - y0) / dn) if dn > 1e-9 else 0.0
+            return y1 + slope * (n - math.exp(x1))
+        for (x0, y0), (x1, y1) in zip(ks, ks[1:], strict=False):
+            if x0 <= x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
+        return ks[-1][1]
+
+    @classmethod
+    def isotonic(cls, points: Sequence[tuple[float, float, float]]) -> TokenCurve:
+        """Weighted pool-adjacent-violators over (tokens, ms, weight); a knot per pooled block."""
+        blocks: list[list[float]] = []  # [sum w*x, sum w*y, sum w]
+        for n, y, w in sorted(points):
+            blocks.append([w * math.log(max(n, 1e-9)), w * y, w])
+            while len(blocks) > 1 and blocks[-2][1] / blocks[-2][2] >= blocks[-1][1] / blocks[-1][2]:
+                last = blocks.pop()
+                for i in range(3):
+                    blocks[-1][i] += last[i]
+        return cls(tuple((bx / bw, by / bw) for bx, by, bw in blocks))
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """A drafter's own step time (see the module docstring for the three forms)."""
+
+    kind: Proposer
+    a: float = 0.0
+    b: float = 0.0
+
+    def features(self, c: float, k: int, v: float) -> tuple[float, float]:
+        if k <= 0:
+            return 0.0, 0.0
+        if self.kind is Proposer.BLOCK:
+            return 1.0, c * k
+        if self.kind is Proposer.LOOKUP:
+            return v, c * v
+        return float(k), c * k
+
+    def __call__(self, c: float, k: int, v: float) -> float:
+        f0, f1 = self.features(c, k, v)
+        return self.a * f0 + self.b * f1
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The learnt curve and every drafter's cost; ``residuals`` are the fit's relative errors on the
+    speculative points (what the curve and the drafter costs cannot explain)."""
+
+    curve: TokenCurve
+    drafts: Mapping[str, DraftCost] = field(default_factory=dict)
+    residuals: tuple[float, ...] = ()
+
+    def extra(self, arm: str, kind: Proposer, c: float, k: int, v: float) -> float:
+        """Step time a speculative config adds at ``c`` over the baseline's (the bookkeeping excluded)."""
         if k <= 0:
             return 0.0
-        if self.kind is Proposer.BLOCK:
-            return self.d + self.u * c * k
-        if self.kind is Proposer.LOOKUP:
-            return self.d * v + self.u * c * v
-        return k * self.d + self.u * c * k
+        draft = self.drafts.get(arm, DraftCost(kind))
+        return max(0.0, self.curve(c * (1.0 + v)) - self.curve(c)) + draft(c, k, v)
+
+    def predict(self, p: StepPoint, baseline_ms: Mapping[float, float]) -> float:
+        base = baseline_ms.get(p.c, self.curve(p.c))
+        return base + (self.extra(p.arm, p.kind, p.c, p.k, p.v) if p.arm and p.kind else 0.0)
 
 
-def _features(p: CostPoint, kind: Proposer) -> tuple[float, float]:
-    if kind is Proposer.BLOCK:
-        return 1.0, p.c * p.k
-    if kind is Proposer.LOOKUP:
-        return p.v, p.c * p.v
-    return float(p.k), p.c * p.k
+def _nnls2(rows: Sequence[tuple[tuple[float, float], float]]) -> tuple[float, float]:
+    """Non-negative least squares for y = a x0 + b x1: the best of the interior and boundary solutions."""
 
-
-def fit(points: Sequence[CostPoint], *, kind: Proposer, prefer: str | None = None) -> StepCost | None:
-    """Non-negative least squares for (d, u); None without points.
-
-    When the two features are collinear (one depth measured), the data cannot tell them apart; ``prefer``
-    ("d" or "u") then says which one takes the cost (callers use both to bound a prediction).
-    """
-    if not points:
-        return None
-    rows = [(_features(p, kind), p.extra_ms) for p in points]
-
-    def sse(d: float, u: float) -> float:
-        return sum((d * x0 + u * x1 - y) ** 2 for (x0, x1), y in rows)
+    def sse(a: float, b: float) -> float:
+        return sum((a * x0 + b * x1 - y) ** 2 for (x0, x1), y in rows)
 
     s00 = sum(x0 * x0 for (x0, _), _ in rows)
     s11 = sum(x1 * x1 for (_, x1), _ in rows)
@@ -138,14 +205,48 @@ def fit(points: Sequence[CostPoint], *, kind: Proposer, prefer: str | None = Non
     b1 = sum(x1 * y for (_, x1), y in rows)
     options = [(0.0, 0.0)]
     det = s00 * s11 - s01 * s01
-    collinear = abs(det) <= 1e-6 * max(1e-30, s00 * s11)
-    if not collinear:
-        d, u = (b0 * s11 - b1 * s01) / det, (b1 * s00 - b0 * s01) / det
-        if d >= 0 and u >= 0:
-            options.append((d, u))
-    if s00 > 0 and (not collinear or prefer != "u"):
+    if abs(det) > 1e-9 * max(1e-30, s00 * s11):
+        a, b = (b0 * s11 - b1 * s01) / det, (b1 * s00 - b0 * s01) / det
+        if a >= 0 and b >= 0:
+            options.append((a, b))
+    if s00 > 0:
         options.append((max(0.0, b0 / s00), 0.0))
-    if s11 > 0 and (not collinear or prefer != "d"):
+    if s11 > 0:
         options.append((0.0, max(0.0, b1 / s11)))
-    d, u = min(options, key=lambda du: sse(*du))
-    return StepCost(d, u, kind)
+    return min(options, key=lambda ab: sse(*ab))
+
+
+BASELINE_WEIGHT = 3.0  # a baseline point is the target's step alone: it anchors the curve at n = c
+
+
+def fit_step_model(points: Sequence[StepPoint], *, rounds: int = 6) -> StepModel:
+    """The curve and the drafter costs, fitted in turns from zero drafter cost."""
+    base = [p for p in points if p.arm is None]
+    spec = [p for p in points if p.arm is not None and p.kind is not None]
+    baseline_ms = {p.c: p.step_ms for p in base}
+    drafts: dict[str, DraftCost] = {}
+    curve = TokenCurve.isotonic([(p.tokens, p.step_ms, BASELINE_WEIGHT) for p in base])
+    for _ in range(rounds):
+        pts = [(p.tokens, p.step_ms, BASELINE_WEIGHT) for p in base]
+        for p in spec:
+            d = drafts.get(p.arm, DraftCost(p.kind))  # type: ignore[arg-type]
+            # the target's share of this step, on the baseline's scale at this level
+            own = p.step_ms - d(p.c, p.k, p.v)
+            pts.append((p.tokens, own, 1.0))
+        curve = TokenCurve.isotonic(pts)
+        for arm in {p.arm for p in spec}:
+            mine = [p for p in spec if p.arm == arm]
+            kind = mine[0].kind
+            proto = DraftCost(kind)  # type: ignore[arg-type]
+            rows = [
+                (
+                    proto.features(p.c, p.k, p.v),
+                    p.step_ms - baseline_ms.get(p.c, curve(p.c)) - max(0.0, curve(p.tokens) - curve(p.c)),
+                )
+                for p in mine
+            ]
+            a, b = _nnls2(rows)
+            drafts[arm] = DraftCost(kind, a, b)  # type: ignore[arg-type]
+    model = StepModel(curve, dict(drafts))
+    residuals = tuple((p.step_ms - model.predict(p, baseline_ms)) / p.step_ms for p in spec if p.step_ms > 0)
+    return StepModel(curve, dict(drafts), residuals)

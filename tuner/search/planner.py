@@ -52,6 +52,7 @@ from tuner.domain import (
     Method,
     Objective,
     Proposal,
+    Purpose,
     SpecConfig,
     Speedup,
     TrialResult,
@@ -62,17 +63,13 @@ from tuner.domain import (
     to_jsonable,
 )
 from tuner.search import _confirm
-from tuner.search._analysis import (
-    MAX_RETRIES,
-    MAX_SEARCH_REPEATS,
-    RETRYABLE,
-    Analysis,
-    Record,
-)
-from tuner.search._outcome import build_outcome
+from tuner.search._analysis import Analysis
+from tuner.search._outcome import OutcomeContext, build_outcome
 from tuner.search._predict import Candidate
+from tuner.search._records import MAX_RETRIES, RETRYABLE, SEARCH, Record
 from tuner.search._space import SearchSpace
 from tuner.search.objective import constraints, log_value, weights_for
+from tuner.search.policy import Run, Stop, Wait, next_search
 from tuner.search.storage import RetryingRDBStorage
 
 TPE_ATTEMPTS = 3
@@ -163,7 +160,7 @@ class OptunaPlanner:
         if "space" not in attrs:
             self.study.set_user_attr("space", self._fingerprint)
             self.study.set_user_attr("started_at", time.time())
-            self._enqueue(SpecConfig(), "baseline")
+            self._enqueue(SpecConfig(), Purpose.BASELINE)
         elif attrs["space"] != self._fingerprint:
             raise ValueError(f"study {study_name!r} holds a different search space or levels; use a new name")
 
@@ -226,13 +223,18 @@ class OptunaPlanner:
         ``tuner.domain.TuneOutcome``)."""
         with self._lock:
             records = self._records()
-            return build_outcome(self, self._analysis(records), records)[0]
+            return build_outcome(self._outcome_context(records), self._analysis(records), records)[0]
 
     def schedule_speedup(self) -> Speedup | None:
         """The schedule's own speedup from its confirmation runs, deployed or not (None until they exist)."""
         with self._lock:
             records = self._records()
-            return build_outcome(self, self._analysis(records), records)[1]
+            return build_outcome(self._outcome_context(records), self._analysis(records), records)[1]
+
+    def _outcome_context(self, records: list[Record]) -> OutcomeContext:
+        return OutcomeContext(
+            self.space, self.confirm_runs, self.study.user_attrs.get("search_finished"), self.engine(records)
+        )
 
     # ------------------------------------------------------------------------------------------ helpers
     @property
@@ -294,11 +296,12 @@ class OptunaPlanner:
                 number=t.number,
                 state=t.state.name,
                 spec=spec,
-                purpose=ua.get("purpose", "search"),
+                purpose=Purpose(ua.get("purpose", Purpose.SEARCH)),
                 result=result,
                 skipped=ua.get("skipped"),
                 abandoned=ua.get("abandoned"),
                 retry_of=ua.get("retry_of"),
+                predicted=ua.get("predicted"),
             )
             if t.state.is_finished():
                 self._cache[t.number] = rec
@@ -344,8 +347,8 @@ class OptunaPlanner:
             lookup = tuple(int(x) for x in label.split("-"))
         return opt.spec(int(k), lookup)
 
-    def _enqueue(self, spec: SpecConfig, purpose: str, **attrs: Any) -> None:
-        user_attrs = {"spec": to_jsonable(spec), "purpose": purpose, **attrs}
+    def _enqueue(self, spec: SpecConfig, purpose: Purpose, **attrs: Any) -> None:
+        user_attrs = {"spec": to_jsonable(spec), "purpose": purpose.value, **{k: v for k, v in attrs.items() if v}}
         self.study.enqueue_trial(self._params(spec) or {}, user_attrs=user_attrs)
 
     def _requeue(self, t: FrozenTrial, reason: str) -> None:
@@ -369,9 +372,9 @@ class OptunaPlanner:
         spec = from_jsonable(SpecConfig, trial.user_attrs["spec"])
         if self._params(spec) is not None:
             self._suggest(trial)
-        return Proposal(trial.number, spec, trial.user_attrs.get("purpose", "search"))
+        return Proposal(trial.number, spec, Purpose(trial.user_attrs.get("purpose", Purpose.SEARCH)))
 
-    def _propose(self, spec: SpecConfig, purpose: str, **attrs: Any) -> Proposal:
+    def _propose(self, spec: SpecConfig, purpose: Purpose, **attrs: Any) -> Proposal:
         self._enqueue(spec, purpose, **attrs)
         return self._pop()
 
@@ -381,89 +384,34 @@ class OptunaPlanner:
         if any(r.state == "WAITING" for r in records):
             return self._pop()
         a = self._analysis(records)
+        searching = any(r.pending and r.purpose in SEARCH for r in records)
         if "search_finished" not in self.study.user_attrs:
-            step = self._next_search(a, records)
-            if isinstance(step, Proposal):
-                return step
-            if isinstance(step, SpecConfig):
-                return self._propose(step, "search")
-            if any(r.pending and r.purpose in ("baseline", "search") for r in records):
+            step = next_search(
+                a, records, budget_left=self._search_budget_left(records), out_of_time=self._out_of_time()
+            )
+            if isinstance(step, Run):
+                if step.among:
+                    return self._tpe_pick(list(step.among), a)
+                return self._propose(step.spec, Purpose.SEARCH, predicted=_jsonable(step.predicted))
+            if isinstance(step, Wait) or searching:
                 return None
-            self.study.set_user_attr("search_finished", step or "stopping rule: no untried candidate is worth a trial")
-        elif any(r.pending and r.purpose in ("baseline", "search") for r in records):
+            assert isinstance(step, Stop)
+            self.study.set_user_attr("search_finished", step.reason)
+        elif searching:
             return None
         return self._next_confirm(a, records)
 
     def _search_budget_left(self, records: list[Record]) -> int:
-        used = sum(1 for r in records if r.purpose in ("baseline", "search") and r.launched)
+        used = sum(1 for r in records if r.purpose in SEARCH and r.launched)
         return self.budget.max_trials - used
 
-    def _next_search(self, a: Analysis, records: list[Record]) -> Proposal | SpecConfig | str | None:
-        """A proposal/spec to run, None to wait for pending trials, or a string: the reason the search ends."""
-        if a.baseline_failed is not None:
-            f = a.baseline_failed.result.failure
-            return f"the baseline failed ({f.cls.value}: {f.reason}); nothing can be compared"
-        if self._search_budget_left(records) <= 0:
-            return f"budget: {self.budget.max_trials} trials run"
+    def _out_of_time(self) -> str | None:
         started = self.study.user_attrs.get("started_at", time.time())
         if self.budget.max_wall_s is not None and time.time() - started > self.budget.max_wall_s:
             return f"budget: {self.budget.max_wall_s:g} s of wall time spent"
-        pending_keys = {r.spec.key() for r in records if r.pending and r.spec is not None}
-        cands = a.candidates(pending_keys)
-        probe = self._probe(a, cands, records)
-        if probe is not None:
-            return probe
-        if not a.has_baseline:
-            worth = [c for c in cands]
-            return self._tpe_pick(worth, a) if worth else None
-        threshold = a.threshold()
-        worth = sorted((c for c in cands if c.optimistic > threshold), key=lambda c: -c.optimistic)
-        if worth:
-            top = worth[0]
-            if top.option.fixed_length:
-                return top.spec
-            return self._tpe_pick([c for c in worth if not c.option.fixed_length], a)
-        repeat = self._repeat(a, records)
-        if repeat is not None:
-            return repeat
-        return None if any(r.pending and r.purpose in ("baseline", "search") for r in records) else ""
-
-    def _probe(self, a: Analysis, cands: list[Candidate], records: list[Record]) -> SpecConfig | None:
-        """The first measurement of an arm nobody has measured or queued: its deepest allowed depth.
-
-        One trial at depth K gives the acceptance curve of every depth <= K. After an out-of-memory failure
-        with nothing measured yet, the next probe halves the depth instead of stepping down one at a time.
-        """
-        covered: set[str] = set()
-        for r in records:
-            if r.spec is None or r.spec.is_off or r.spec.schedule is not None:
-                continue
-            if r.pending or (r.result is not None and r.result.status.has_figures()):
-                covered.add(self._probe_key(r.spec)[0])
-        for opt in self.space.options:
-            if opt.method is Method.OFF or opt.key in a.excluded_arms or opt.key in covered:
-                continue
-            first_lookup = opt.lookups[0] if opt.lookups else None
-            mine = [c for c in cands if c.option is opt and self._probe_key(c.spec)[1] == first_lookup]
-            if not mine:
-                continue
-            depths = sorted(c.spec.num_speculative_tokens for c in mine)
-            depth = depths[-1]
-            if opt.key in a.caps:
-                halved = [d for d in depths if d <= max(1, a.caps[opt.key] // 2)]
-                depth = halved[-1] if halved else depths[0]
-            return opt.spec(depth, first_lookup)
         return None
 
-    @staticmethod
-    def _probe_key(spec: SpecConfig) -> tuple[str, Any]:
-        key = spec.arm
-        lookup = None
-        if spec.prompt_lookup_min is not None or spec.prompt_lookup_max is not None:
-            lookup = (spec.prompt_lookup_min, spec.prompt_lookup_max)
-        return key, lookup
-
-    def _tpe_pick(self, worth: list[Candidate], a: Analysis) -> Proposal | SpecConfig | None:
+    def _tpe_pick(self, worth: list[Candidate], a: Analysis) -> Proposal | None:
         """Let TPE choose among the candidates worth a trial; samples outside that set fail fast, unlaunched."""
         if not worth:
             return None
@@ -472,12 +420,15 @@ class OptunaPlanner:
             trial = self.study.ask()
             spec = self._suggest(trial)
             trial.set_user_attr("spec", to_jsonable(spec))
-            trial.set_user_attr("purpose", "search")
+            trial.set_user_attr("purpose", Purpose.SEARCH.value)
             if spec.key() in keys:
-                return Proposal(trial.number, spec, "search")
+                chosen = next(c for c in worth if c.spec.key() == spec.key())
+                if chosen.per_level:
+                    trial.set_user_attr("predicted", _jsonable(chosen.per_level))
+                return Proposal(trial.number, spec, Purpose.SEARCH)
             trial.set_user_attr("skipped", self._why_not(spec, a))
             self.study.tell(trial, state=TrialState.FAIL)
-        return worth[0].spec
+        return self._propose(worth[0].spec, Purpose.SEARCH, predicted=_jsonable(worth[0].per_level))
 
     def _why_not(self, spec: SpecConfig, a: Analysis) -> str:
         opt = self.space.option_for(spec)
@@ -489,42 +440,12 @@ class OptunaPlanner:
             return a.failed_configs[spec.key()]
         return "queued already, or predicted not to beat the incumbent beyond noise"
 
-    def _repeat(self, a: Analysis, records: list[Record]) -> SpecConfig | None:
-        """Re-measure where the best configs of two different arms are within noise of each other."""
-        repeats = sum(
-            1
-            for r in records
-            if r.purpose == "search"
-            and r.launched
-            and r.spec is not None
-            and any(
-                o.spec.key() == r.spec.key() and o.number < r.number
-                for o in records
-                if o.purpose in ("baseline", "search") and o.launched and o.spec is not None
-            )
-        )
-        if repeats >= MAX_SEARCH_REPEATS or self._search_budget_left(records) <= 0:
-            return None
-        ranked = a.ranked()
-        if len(ranked) < 2:
-            return None
-        first = ranked[0]
-        arm = self._probe_key(first.spec)[0]
-        second = next((st for st in ranked[1:] if self._probe_key(st.spec)[0] != arm), None)
-        # two depths of one arm within noise are as good as each other; two arms are worth separating
-        if second is None or a.speedup(first) > a.speedup(second) * (1 + a.noise):
-            return None
-        for st in (first, second):
-            if st.runs < 2 and not st.spec.is_off:
-                return st.spec
-        return None
-
     def _next_confirm(self, a: Analysis, records: list[Record]) -> Proposal | None:
         todo = _confirm.missing(a, records, self.confirm_runs)
         if not todo:
             return None
         role, spec = todo[0]
-        return self._propose(spec, "confirm", role=role)
+        return self._propose(spec, Purpose.CONFIRM, role=role)
 
     def _peek_done(self, records: list[Record]) -> bool:
         if "search_finished" not in self.study.user_attrs:
@@ -535,3 +456,10 @@ class OptunaPlanner:
         """The engine the results so far came from (simulated until one says otherwise)."""
         records = self._records() if records is None else records
         return next((r.result.engine for r in records if r.result is not None), Engine.SIMULATED)
+
+
+def _jsonable(per_level: Mapping[str, float] | None) -> dict[str, float] | None:
+    """A prediction as stored with its trial (finite floats only: the study's JSON has no infinities)."""
+    if not per_level:
+        return None
+    return {label: float(v) for label, v in per_level.items() if math.isfinite(v)}

@@ -1,0 +1,195 @@
+"""The search's next step, as a pure function: what the trials so far say in, ``Run | Wait | Stop`` out.
+
+1. The baseline first (the planner enqueues it); if it fails, stop: nothing can be compared.
+2. Each arm (method + draft, each ngram lookup window) is probed once at its deepest allowed depth: one
+   trial at depth K gives the acceptance curve of every depth <= K. After an out-of-memory failure with
+   nothing measured, the next probe halves the depth.
+3. Per-level verification: at every level, each arm's predicted-best depth (over its measured and untried
+   depths) has been measured, or is predicted to lose to the level's best measured config by more than its
+   margin (the calibrated error band, see ``Predictor.predict``). The candidate with the largest predicted
+   gain over a level's best measured is run next; its prediction is logged with it, so the band learns how
+   wrong the model has been: a model that misses widens it and the search measures more, one that hits
+   narrows it and the search stops sooner. Per-range answers are therefore always measured configs.
+4. Two different arms within noise of each other over all levels are each re-measured once (at most twice
+   per search).
+5. Otherwise stop, or wait while search trials are pending (their results may change the answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tuner.domain import Method, Purpose, SpecConfig
+from tuner.search._analysis import Analysis
+from tuner.search._predict import Candidate
+from tuner.search._records import MAX_SEARCH_REPEATS, SEARCH, Record
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run ``spec`` (with its prediction, logged with the trial); when ``among`` is set, the planner's
+    sampler may choose within those instead (variable-length proposers, whose depth and window interact)."""
+
+    spec: SpecConfig
+    why: str
+    predicted: Mapping[str, float] | None = None
+    among: tuple[Candidate, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to run until a pending trial reports."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    reason: str
+
+
+Step = Run | Wait | Stop
+
+
+def arm_of(spec: SpecConfig) -> tuple[str, tuple[int | None, int | None] | None]:
+    """Method+draft, and the lookup window for lookup proposers."""
+    lookup = None
+    if spec.prompt_lookup_min is not None or spec.prompt_lookup_max is not None:
+        lookup = (spec.prompt_lookup_min, spec.prompt_lookup_max)
+    return spec.arm, lookup
+
+
+def next_search(
+    a: Analysis,
+    records: Sequence[Record],
+    *,
+    budget_left: int,
+    out_of_time: str | None = None,
+) -> Step:
+    """The next search step (see the module docstring)."""
+    if a.baseline_failed is not None:
+        f = a.baseline_failed.result.failure
+        return Stop(f"the baseline failed ({f.cls.value}: {f.reason}); nothing can be compared")
+    if budget_left <= 0:
+        return Stop(f"budget: {budget_left + _launched(records)} trials run")
+    if out_of_time:
+        return Stop(out_of_time)
+    pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
+    cands = a.candidates(pending)
+    probe = _probe(a, cands, records)
+    if probe is not None:
+        return probe
+    if not a.has_baseline:
+        return Wait() if pending else Stop("no baseline figures")
+    verify = _verify(a, cands)
+    if verify is not None:
+        return verify
+    repeat = _repeat(a, records, budget_left)
+    if repeat is not None:
+        return Run(repeat, "re-measure: two arms within noise of each other")
+    if any(r.pending and r.purpose in SEARCH for r in records):
+        return Wait()
+    return Stop(
+        "stopping rule: at every level, each arm's predicted best has been measured or is predicted to lose "
+        f"by more than its margin (error band {a.band:.1%}, from {len(a.prediction_errors)} checked predictions)"
+    )
+
+
+def _launched(records: Sequence[Record]) -> int:
+    return sum(1 for r in records if r.purpose in SEARCH and r.launched)
+
+
+def _probe(a: Analysis, cands: list[Candidate], records: Sequence[Record]) -> Run | None:
+    covered: set[str] = set()
+    for r in records:
+        if r.spec is None or r.spec.is_off or r.spec.schedule is not None:
+            continue
+        if r.pending or (r.result is not None and r.result.status.has_figures()):
+            covered.add(arm_of(r.spec)[0])
+    for opt in a.space.options:
+        if opt.method is Method.OFF or opt.key in a.excluded_arms or opt.key in covered:
+            continue
+        first_lookup = opt.lookups[0] if opt.lookups else None
+        mine = [c for c in cands if c.option is opt and arm_of(c.spec)[1] == first_lookup]
+        if not mine:
+            continue
+        depths = sorted(c.spec.num_speculative_tokens for c in mine)
+        depth = depths[-1]
+        if opt.key in a.caps:
+            halved = [d for d in depths if d <= max(1, a.caps[opt.key] // 2)]
+            depth = halved[-1] if halved else depths[0]
+        return Run(opt.spec(depth, first_lookup), f"probe {opt.key} at its deepest depth")
+    return None
+
+
+def _verify(a: Analysis, cands: list[Candidate]) -> Run | None:
+    """The untried config with the largest predicted gain at a level where it is its arm's predicted best
+    and may beat that level's best measured config by more than nothing, given its margin."""
+    ranked = a.ranked()
+    best: tuple[float, Candidate, str] | None = None
+    for label in a.labels:
+        if label in a.undecided:
+            continue
+        measured = {st.spec.key(): st.per_level().get(label) for st in ranked}
+        top = max((v for v in measured.values() if v is not None), default=1.0)
+        top = max(top, 1.0)  # off is always there
+        arms: dict[tuple[str, object], tuple[float, Candidate | None]] = {}
+        for st in ranked:
+            v = st.per_level().get(label)
+            if st.spec.is_off or v is None:
+                continue
+            key = arm_of(st.spec)
+            if v > arms.get(key, (0.0, None))[0]:
+                arms[key] = (v, None)
+        for c in cands:
+            if c.per_level is None or label not in c.per_level:
+                continue
+            key = arm_of(c.spec)
+            if c.per_level[label] > arms.get(key, (0.0, None))[0]:
+                arms[key] = (c.per_level[label], c)
+        for value, c in arms.values():
+            if c is None or value * (1 + c.margin) <= top:
+                continue  # measured already, or predicted to lose by more than its margin
+            gain = value / top
+            if best is None or gain > best[0]:
+                best = (gain, c, label)
+    if best is None:
+        return None
+    _, c, label = best
+    why = f"verify {label}: predicted {c.per_level[label]:.3f}x, the best of its arm there"
+    if not c.option.fixed_length:
+        among = tuple(
+            x for x in cands if not x.option.fixed_length and x.per_level and arm_of(x.spec) == arm_of(c.spec)
+        )
+        return Run(c.spec, why, c.per_level, among=among if len(among) > 1 else ())
+    return Run(c.spec, why, c.per_level)
+
+
+def _repeat(a: Analysis, records: Sequence[Record], budget_left: int) -> SpecConfig | None:
+    """Re-measure where the best configs of two different arms are within noise of each other."""
+    repeats = sum(
+        1
+        for r in records
+        if r.purpose is Purpose.SEARCH
+        and r.launched
+        and r.spec is not None
+        and any(
+            o.spec.key() == r.spec.key() and o.number < r.number
+            for o in records
+            if o.purpose in SEARCH and o.launched and o.spec is not None
+        )
+    )
+    if repeats >= MAX_SEARCH_REPEATS or budget_left <= 0:
+        return None
+    ranked = a.ranked()
+    if len(ranked) < 2:
+        return None
+    first = ranked[0]
+    arm = arm_of(first.spec)[0]
+    second = next((st for st in ranked[1:] if arm_of(st.spec)[0] != arm), None)
+    # two depths of one arm within noise are as good as each other; two arms are worth separating
+    if second is None or a.speedup(first) > a.speedup(second) * (1 + a.noise):
+        return None
+    for st in (first, second):
+        if st.runs < 2 and not st.spec.is_off:
+            return st.spec
+    return None
