@@ -105,6 +105,9 @@ class TuneOutcome:
     notes: tuple[str, ...] = ()
     engine: Engine = Engine.SIMULATED
     noise: float = 0.03  # run-to-run spread the decisions used (measured from repeats where there were any)
+    # Levels where the deployed config measured slower than off beyond noise (label -> its speedup there):
+    # never the levels carrying most of the weight; the per-range answers give off there.
+    deployed_losses: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def deployed(self) -> SpecConfig:

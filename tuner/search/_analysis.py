@@ -25,8 +25,6 @@ from tuner.search._space import MethodOptions, SearchSpace
 from tuner.search.cost_model import (
     in_flight,
     out_per_request,
-    prefill_share,
-    raw_step,
 )
 from tuner.search.objective import combine, level_metric, slo_violation
 from tuner.search.schedule import build_schedule
@@ -80,8 +78,8 @@ class Analysis:
         )
         self.baseline: dict[str, LevelResult] = {}
         self.baseline_metric: dict[str, float] = {}
-        self.baseline_tpot: dict[str, float] = {}  # raw decode step of the baseline (ms)
-        self.baseline_prefill: dict[str, float] = {}  # GPU ms of prefill per request
+        self.baseline_tpot: dict[str, float] = {}  # the baseline's decode step as its requests saw it (ms)
+        self.baseline_ttft: dict[str, float] = {}
         self.baseline_out: dict[str, float] = {}
         self.baseline_c: dict[str, float] = {}
         self.baseline_violation: dict[str, float] = {}
@@ -105,7 +103,7 @@ class Analysis:
             labels=self.labels,
             weights=self.weights,
             objective=objective,
-            baseline=Baseline(self.baseline_tpot, self.baseline_c, self.baseline_prefill, self.baseline_out),
+            baseline=Baseline(self.baseline_tpot, self.baseline_c, self.baseline_ttft, self.baseline_out),
             results={r.number: r.result for r in search if r.result is not None},
             stats=self.stats,
             band=self.band,
@@ -122,9 +120,8 @@ class Analysis:
             if all(lr.tpot_ms.mean > 0 and lr.request_throughput > 0 for lr in lrs):
                 tpot = statistics.fmean(lr.tpot_ms.mean for lr in lrs)
                 ttft = statistics.fmean(lr.ttft_ms.mean for lr in lrs)
-                rate = statistics.fmean(lr.request_throughput for lr in lrs) / 1000.0
-                self.baseline_prefill[label] = prefill_share(ttft, tpot, rate)
-                self.baseline_tpot[label] = raw_step(tpot, 1.0, rate, self.baseline_prefill[label])
+                self.baseline_ttft[label] = ttft
+                self.baseline_tpot[label] = tpot
                 self.baseline_out[label] = statistics.fmean(out_per_request(lr) for lr in lrs)
             self.baseline_c[label] = statistics.fmean(in_flight(lr) for lr in lrs)
             self.baseline_violation[label] = statistics.fmean(slo_violation(lr, self.slo) for lr in lrs)

@@ -14,9 +14,9 @@ from tuner.domain import (
     SpecConfig,
     Speedup,
     TrialResult,
-    TrialStatus,
     TuneOutcome,
 )
+from tuner.search import _confirm
 from tuner.search._analysis import Analysis
 from tuner.search._records import ConfigStats, Record
 from tuner.search._space import SearchSpace
@@ -32,36 +32,21 @@ class OutcomeContext:
     confirm_runs: int
     finished: str | None
     engine: Engine
+    confirm_done: bool = False
 
 
-def _confirm_runs(records: Sequence[Record], spec: SpecConfig) -> list[TrialResult]:
-    key = spec.key()
-    return [
-        r.result
-        for r in sorted(records, key=lambda r: r.number)
-        if r.purpose == "confirm"
-        and r.spec is not None
-        and r.spec.key() == key
-        and r.result is not None
-        and r.result.status is TrialStatus.SUCCEEDED
-    ]
-
-
-def paired_speedup(a: Analysis, runs: Sequence[TrialResult], baselines: Sequence[TrialResult]) -> Speedup | None:
-    """Run i of the config against baseline run i (both on fresh servers); mean, min and max over runs."""
-    per_run: list[float] = []
-    per_level: dict[str, list[float]] = {}
-    for run, base in zip(runs, baselines, strict=False):
-        ratios = {}
-        for label in a.labels:
-            lr, lb = run.level(label), base.level(label)
-            if lr is None or lb is None:
-                continue
-            ratios[label] = level_metric(lr, a.objective) / level_metric(lb, a.objective)
-            per_level.setdefault(label, []).append(ratios[label])
-        per_run.append(combine(ratios, a.weights))
+def speedup_of(a: Analysis, runs: Sequence[TrialResult], baselines: Sequence[TrialResult]) -> Speedup | None:
+    """A config's speedup over every run of it (search and confirmation, each on a fresh server) against the
+    baseline's runs: mean, min and max of the per-run objective, per-level means."""
+    per_run = _confirm.per_run_speedups(a, runs, baselines)
     if not per_run:
         return None
+    per_level: dict[str, list[float]] = {}
+    for label in a.labels:
+        base = [level_metric(lr, a.objective) for b in baselines if (lr := b.level(label)) is not None]
+        vals = [level_metric(lr, a.objective) for r in runs if (lr := r.level(label)) is not None]
+        if base and vals:
+            per_level[label] = [v / statistics.fmean(base) for v in vals]
     return Speedup(
         mean=statistics.fmean(per_run),
         low=min(per_run),
@@ -137,9 +122,36 @@ def build_outcome(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -
             confirm_trials=_confirm_numbers(records),
         ), None
 
-    baselines = _confirm_runs(records, SpecConfig())
+    baselines = _confirm.runs_of(records, SpecConfig())
     best, best_trial, speedup = _static_best(ctx, a, records, baselines, notes)
     schedule, speedup, sched_speedup = _schedule(ctx, a, records, baselines, best, speedup, notes)
+    # The all-ranges answer never loses to off at the levels carrying most of the weight; where it loses
+    # elsewhere, the outcome says where and by how much (the per-range answers give off there).
+    losses: dict[str, float] = {}
+    for _ in range(2):
+        deployed = schedule or best
+        if deployed.is_off:
+            break
+        losses = _losses(a, speedup)
+        if _loss_share(a, losses) < 0.5:
+            break
+        where = ", ".join(f"{lb} {v:.3f}x" for lb, v in losses.items())
+        notes.append(
+            f"not deployed: {deployed.label()} is slower than off at levels carrying "
+            f"{_loss_share(a, losses):.0%} of the weight ({where})"
+        )
+        losses = {}
+        if schedule is not None:
+            schedule, speedup = None, _static_best(ctx, a, records, baselines, [])[2]
+        else:
+            best, best_trial = SpecConfig(), baseline_trial
+            speedup = Speedup(1.0, 1.0, 1.0, len(baselines), dict.fromkeys(a.labels, 1.0))
+    if losses:
+        notes.append(
+            f"{(schedule or best).label()} is slower than off at "
+            + ", ".join(f"{lb} ({v:.3f}x, {1 - v:.1%} slower)" for lb, v in losses.items())
+            + "; deploy the per-range answers there"
+        )
     if schedule is None and best.is_off:
         notes.append("do not speculate: nothing beats the baseline beyond noise")
 
@@ -185,13 +197,9 @@ def build_outcome(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -
         notes=tuple(notes),
         engine=engine,
         noise=a.noise,
+        deployed_losses=losses,
     )
     return outcome, sched_speedup
-
-
-def _confirmed(ctx: OutcomeContext, speedup: Speedup | None) -> bool:
-    """Measured on fresh servers as often as the planner confirms (never, when confirm_runs is 0)."""
-    return speedup is not None and ctx.confirm_runs > 0 and speedup.runs >= ctx.confirm_runs
 
 
 def _static_best(
@@ -201,44 +209,28 @@ def _static_best(
     baselines: Sequence[TrialResult],
     notes: list[str],
 ) -> tuple[SpecConfig, int | None, Speedup]:
-    """The static best, its search trial and its speedup: "off" unless it beats the baseline beyond noise.
-
-    With its confirmation runs complete, they decide (their mean against 1 + noise); before that, or when
-    it is not confirmed (``confirm_runs`` 0, or a clear loser), its search figure does.
-    """
+    """The static best, its search trial and its speedup over all its runs: "off" unless the median minus
+    the MAD of its per-run speedups beats the baseline beyond noise."""
     noise = a.noise
     baseline_trial = a.baseline_runs[0].number if a.baseline_runs else None
-    off = Speedup(1.0, 1.0, 1.0, max(len(baselines), len(a.baseline_runs)), dict.fromkeys(a.labels, 1.0))
+    off = Speedup(1.0, 1.0, 1.0, len(baselines), dict.fromkeys(a.labels, 1.0))
     win = a.winner()
     if win is None or win.spec.is_off:
         if win is not None:
             notes.append("off: no static speculative configuration measured beats the baseline")
         return SpecConfig(), baseline_trial, off
-    s_search = a.speedup(win)
-    runs = _confirm_runs(records, win.spec)
-    confirmed = paired_speedup(a, runs, baselines) if runs else None
-    if _confirmed(ctx, confirmed):
-        if confirmed.mean > 1 + noise:
-            return win.spec, win.numbers[0], confirmed
+    runs = _confirm.runs_of(records, win.spec)
+    speedup = speedup_of(a, runs, baselines) or search_speedup(a, win)
+    score = _confirm.robust_score(_confirm.per_run_speedups(a, runs, baselines))
+    if score <= 1 + noise:
         notes.append(
-            f"off: {win.spec.label()} measured {s_search:.3f}x in the search but {confirmed.mean:.3f}x "
-            f"({confirmed.low:.3f}-{confirmed.high:.3f}) over {confirmed.runs} confirmation runs, within "
-            f"noise ({noise:.1%}) of the baseline"
+            f"off: the best configuration found ({win.spec.label()}) measured {speedup.mean:.3f}x "
+            f"({speedup.low:.3f}-{speedup.high:.3f}) over {speedup.runs} run(s), median minus MAD {score:.3f}x: "
+            f"within noise ({noise:.1%}) of the baseline"
         )
         return SpecConfig(), baseline_trial, off
-    if s_search <= 1 + noise:
-        notes.append(
-            f"off: the best configuration found ({win.spec.label()}, {s_search:.3f}x in the search) does "
-            f"not beat the baseline beyond the noise ({noise:.1%})"
-        )
-        return SpecConfig(), baseline_trial, off
-    partial = confirmed is not None and confirmed.runs > 0
-    speedup = confirmed if partial else search_speedup(a, win)
-    notes.append(
-        f"unconfirmed: speedup of {win.spec.label()} from {speedup.runs} "
-        f"{'confirmation' if partial else 'search'} run(s); {ctx.confirm_runs} confirmation runs "
-        f"{'pending' if ctx.confirm_runs else 'disabled'}"
-    )
+    if not ctx.confirm_done:
+        notes.append(f"unconfirmed: speedup of {win.spec.label()} from {speedup.runs} run(s); confirmation pending")
     return win.spec, win.numbers[0], speedup
 
 
@@ -253,48 +245,57 @@ def _schedule(
 ) -> tuple[SpecConfig | None, Speedup, Speedup | None]:
     """The schedule to deploy (or None), the speedup of what is deployed, and the schedule's own speedup.
 
-    A schedule is deployed only once its own confirmation runs are complete, they beat the baseline beyond
-    noise, and their mean is at least the static best's (measured the same way); the deployed speedup is then
-    the schedule's. Otherwise the static best is deployed and a note says why the schedule was not.
+    A schedule is deployed only once it has been run (it never is in the search) and the confirmation is
+    done, when the median minus the MAD of its runs beats the baseline beyond noise and is at least the
+    static best's (a 1% tie goes to the static config: fewer moving parts).
     """
     noise = a.noise
     sched, value, _, sched_notes = a.schedule()
     notes.extend(sched_notes)
     if sched is None:
         return None, speedup, None
-    runs = _confirm_runs(records, sched)
-    own = paired_speedup(a, runs, baselines) if runs else None
+    runs = _confirm.runs_of(records, sched)
+    own = speedup_of(a, runs, baselines) if runs else None
     label = sched.label()
-    if not _confirmed(ctx, own):
+    if own is None or not ctx.confirm_done:
         if value <= 1 + noise:
             notes.append(
                 f"no schedule: the best one ({label}, {value:.3f}x predicted) does not beat the baseline beyond noise"
             )
         elif ctx.confirm_runs <= 0:
             notes.append(
-                f"no schedule: {label} ({value:.3f}x predicted) is deployed only after its own "
-                "confirmation runs, and confirm_runs is 0"
+                f"no schedule: {label} ({value:.3f}x predicted) is deployed only after it has been run, and "
+                "confirm_runs is 0"
             )
         else:
-            notes.append(
-                f"no schedule yet: {label} ({value:.3f}x predicted from the search trials) is deployed "
-                f"only after {ctx.confirm_runs} confirmation runs"
-            )
+            notes.append(f"no schedule yet: {label} ({value:.3f}x predicted) is deployed only after it has been run")
         return None, speedup, own
-    measured = f"{own.mean:.3f}x ({own.low:.3f}-{own.high:.3f}) over {own.runs} confirmation runs"
-    static = "off" if best.is_off else f"the static best's {speedup.mean:.3f}x"
-    if own.mean <= 1 + noise:
+    score = _confirm.robust_score(_confirm.per_run_speedups(a, runs, baselines))
+    static_runs = _confirm.runs_of(records, best) if not best.is_off else []
+    static_score = _confirm.robust_score(_confirm.per_run_speedups(a, static_runs, baselines)) if static_runs else 1.0
+    measured = f"{own.mean:.3f}x ({own.low:.3f}-{own.high:.3f}) over {own.runs} run(s)"
+    static = "off" if best.is_off else f"the static best's {static_score:.3f}x ({best.label()})"
+    if score <= 1 + noise:
         notes.append(f"no schedule: {label} measured {measured}, within noise ({noise:.1%}) of the baseline")
         return None, speedup, own
-    if not best.is_off and own.mean < speedup.mean:
-        # Both were measured the same way (fresh servers, paired with the same baselines): a schedule that is
-        # not at least as good as the static best on those runs adds a moving part for no measured gain.
+    if not best.is_off and score < static_score * 1.01:
         notes.append(
-            f"no schedule: {label} measured {measured}, below {static} ({best.label()}); the static best is deployed"
+            f"no schedule: {label} measured {measured} (median minus MAD {score:.3f}x), not 1% above {static}; "
+            "the static best is deployed"
         )
         return None, speedup, own
     notes.append(f"schedule {label}: {measured} vs {static}; the schedule is deployed and the speedup is its own")
     return sched, own, own
+
+
+def _losses(a: Analysis, speedup: Speedup) -> dict[str, float]:
+    """Levels where a config's per-level mean is below off beyond noise."""
+    return {label: v for label, v in speedup.per_level.items() if label not in a.undecided and v < 1.0 / (1 + a.noise)}
+
+
+def _loss_share(a: Analysis, losses: dict[str, float]) -> float:
+    total = sum(a.weights.values()) or 1.0
+    return sum(a.weights.get(label, 0.0) for label in losses) / total
 
 
 def _catalog_note(ctx: OutcomeContext, deployed: SpecConfig, engine: Engine) -> str | None:

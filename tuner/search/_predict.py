@@ -18,11 +18,9 @@ from tuner.search._space import MethodOptions, SearchSpace
 from tuner.search.cost_model import (
     StepModel,
     StepPoint,
-    closed_loop_gain,
     fit_step_model,
     overhead_ms,
-    prefill_share,
-    raw_step,
+    phase_gain,
 )
 from tuner.search.extrapolation import AcceptanceCurve
 from tuner.search.objective import combine
@@ -30,12 +28,12 @@ from tuner.search.objective import combine
 
 @dataclass(frozen=True)
 class Baseline:
-    """The baseline's figures per level: raw decode step (ms), requests in flight, prefill GPU ms per request,
-    output tokens per request."""
+    """The baseline's figures per level: its decode step as a request saw it (TPOT, ms), requests in flight,
+    TTFT (ms), output tokens per request."""
 
     step: Mapping[str, float]
     c: Mapping[str, float]
-    prefill: Mapping[str, float]
+    ttft: Mapping[str, float]
     out: Mapping[str, float]
 
 
@@ -68,7 +66,7 @@ class ArmModel:
     per_proposal: float  # draft tokens per proposal at the deepest depth
     fixed: bool
     unbiased: bool  # per-position rates are true per step (fixed length, or decode steps known)
-    prefill: dict[str, float]  # GPU ms of prefill per request with this drafter (it prefills too)
+    ttft: dict[str, float]  # mean TTFT per level with this drafter (it prefills too)
     measured: dict[int, dict[str, float]]  # depth -> measured per-level speedups of this arm
     points: tuple[StepPoint, ...]  # its trials' steps, for the pooled step-cost model
 
@@ -148,7 +146,7 @@ class Predictor:
             per_proposal = sum(sd.num_draft_tokens for sd in ds) / drafts if drafts else float(depth)
         kind = opt.method.traits.proposer
         points: list[StepPoint] = []
-        prefill: dict[str, list[float]] = {}
+        ttft: dict[str, list[float]] = {}
         for res in results:
             k = res.spec.num_speculative_tokens
             for label in self.labels:
@@ -165,10 +163,8 @@ class Predictor:
                     tau = sd.acceptance_length
                     v = sd.mean_proposed_per_draft if not fixed else float(k)
                 t_off, c = self.baseline.step[label], self.baseline.c[label]
-                per_ms = lr.request_throughput / 1000.0
-                pf = prefill_share(lr.ttft_ms.mean, lr.tpot_ms.mean * tau, per_ms)
-                prefill.setdefault(label, []).append(pf)
-                step = raw_step(lr.tpot_ms.mean, tau, per_ms, pf)
+                ttft.setdefault(label, []).append(lr.ttft_ms.mean)
+                step = lr.tpot_ms.mean * tau  # one step yields tau tokens per request
                 points.append(StepPoint(c, step - overhead_ms(t_off, c), opt.key, kind, k, v))
         if not points:
             return None
@@ -181,7 +177,7 @@ class Predictor:
             per_proposal=per_proposal,
             fixed=fixed,
             unbiased=fixed or use_steps,
-            prefill={label: statistics.fmean(v) for label, v in prefill.items()},
+            ttft={label: statistics.fmean(v) for label, v in ttft.items()},
             measured={st.spec.num_speculative_tokens: st.per_level() for st in mine},
             points=tuple(points),
         )
@@ -211,15 +207,13 @@ class Predictor:
             t_off = self.baseline.step[label]
             c = self.baseline.c[label]
             step = t_off + overhead_ms(t_off, c) + model.extra(arm.key, arm.kind, c, k, v)
-            out[label] = closed_loop_gain(
+            out[label] = phase_gain(
+                self.baseline.ttft[label],
                 t_off,
-                step,
-                tau,
-                c=c,
-                prefill=self.baseline.prefill[label],
+                arm.ttft.get(label, self.baseline.ttft[label]),
+                step / tau,
                 out_tokens=self.baseline.out[label],
-                prefill_k=arm.prefill.get(label),
-                tpot=self.objective is Objective.TPOT,
+                tpot_objective=self.objective is Objective.TPOT,
             )
         return out
 

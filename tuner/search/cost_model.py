@@ -79,6 +79,17 @@ def closed_loop_gain(
     return (step_off / max(0.05, 1.0 - r0 * prefill)) / (step / (tau * max(0.05, 1.0 - r * pk)))
 
 
+def phase_gain(
+    ttft_off: float, tpot_off: float, ttft: float, tpot: float, *, out_tokens: float, tpot_objective: bool = False
+) -> float:
+    """Predicted speedup over the baseline at one level: the closed loop's throughput ratio (Little's law:
+    the same requests in flight, each taking TTFT + (out - 1) x TPOT), or the 1/TPOT ratio."""
+    if tpot_objective:
+        return tpot_off / max(1e-9, tpot)
+    n = max(0.0, out_tokens - 1.0)
+    return (ttft_off + n * tpot_off) / max(1e-9, ttft + n * tpot)
+
+
 def in_flight(lr: LevelResult) -> float:
     """Requests in flight during the window: measured, else the target capped by the requests sent."""
     if lr.achieved_concurrency:

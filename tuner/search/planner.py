@@ -232,9 +232,9 @@ class OptunaPlanner:
             return build_outcome(self._outcome_context(records), self._analysis(records), records)[1]
 
     def _outcome_context(self, records: list[Record]) -> OutcomeContext:
-        return OutcomeContext(
-            self.space, self.confirm_runs, self.study.user_attrs.get("search_finished"), self.engine(records)
-        )
+        finished = self.study.user_attrs.get("search_finished")
+        done = finished is not None and not any(r.pending for r in records) and self._peek_done(records)
+        return OutcomeContext(self.space, self.confirm_runs, finished, self.engine(records), done)
 
     # ------------------------------------------------------------------------------------------ helpers
     @property
