@@ -12,7 +12,7 @@ the draft tokens verified per request-step (k for fixed-length drafters; proposa
 proposal for lookup proposers, measured). On a GPU that pass is flat until the batch's tokens cross the
 roofline knee and steeper after it, and MoE experts, KV reads and scheduling bend it further: so the model
 is one monotone (non-decreasing) curve ``T(n)`` over tokens per step, pooled over every trial and level
-(isotonic regression in log n, piecewise linear between its knots), plus each drafter's own cost with two
+(isotonic regression, piecewise linear between its knots), plus each drafter's own cost with two
 non-negative coefficients per method+draft:
 
 - chain drafters (EAGLE, EAGLE-3, MTP, draft_model): ``k (a + b c)``: k sequential draft passes over c requests;
@@ -32,7 +32,6 @@ TPOT = S / (tau (1 - r P)).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -123,36 +122,34 @@ class StepPoint:
 
 @dataclass(frozen=True)
 class TokenCurve:
-    """A non-decreasing step time over tokens per step: knots (log n, ms), linear in log n between them,
-    flat below the first, extended past the last along the last segment's slope in n (compute-bound)."""
+    """A non-decreasing step time over tokens per step: knots (tokens, ms), linear between them (a pass
+    grows with the tokens it computes), flat below the first, extended past the last along the last
+    segment's slope."""
 
     knots: tuple[tuple[float, float], ...]
 
     def __call__(self, n: float) -> float:
-        if not self.knots:
-            return 0.0
-        x = math.log(max(n, 1e-9))
         ks = self.knots
-        if x <= ks[0][0]:
+        if not ks:
+            return 0.0
+        if n <= ks[0][0]:
             return ks[0][1]
-        if x >= ks[-1][0]:
-            if len(ks) < 2:
-                return ks[-1][1]
-            (x0, y0), (x1, y1) = ks[-2], ks[-1]
-            dn = math.exp(x1) - math.exp(x0)
-            slope = max(0.0, (y1 - y0) / dn) if dn > 1e-9 else 0.0
-            return y1 + slope * (n - math.exp(x1))
         for (x0, y0), (x1, y1) in zip(ks, ks[1:], strict=False):
-            if x0 <= x <= x1:
-                return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
-        return ks[-1][1]
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0) if x1 > x0 else y1
+        if len(ks) < 2:
+            return ks[-1][1]
+        (x0, y0), (x1, y1) = ks[-2], ks[-1]
+        slope = max(0.0, (y1 - y0) / (x1 - x0)) if x1 - x0 > 1e-9 else 0.0
+        return y1 + slope * (n - x1)
 
     @classmethod
     def isotonic(cls, points: Sequence[tuple[float, float, float]]) -> TokenCurve:
-        """Weighted pool-adjacent-violators over (tokens, ms, weight); a knot per pooled block."""
+        """Weighted pool-adjacent-violators over (tokens, ms, weight); a knot per pooled block, at the
+        block's weighted mean tokens."""
         blocks: list[list[float]] = []  # [sum w*x, sum w*y, sum w]
         for n, y, w in sorted(points):
-            blocks.append([w * math.log(max(n, 1e-9)), w * y, w])
+            blocks.append([w * n, w * y, w])
             while len(blocks) > 1 and blocks[-2][1] / blocks[-2][2] >= blocks[-1][1] / blocks[-1][2]:
                 last = blocks.pop()
                 for i in range(3):
@@ -230,21 +227,21 @@ def _nnls2(rows: Sequence[tuple[tuple[float, float], float]]) -> tuple[float, fl
 BASELINE_WEIGHT = 3.0  # a baseline point is the target's step alone: it anchors the curve at n = c
 
 
-def fit_step_model(points: Sequence[StepPoint], *, rounds: int = 6) -> StepModel:
-    """The curve and the drafter costs, fitted in turns from zero drafter cost."""
+def fit_step_model(points: Sequence[StepPoint], *, rounds: int = 4) -> StepModel:
+    """The curve and the drafter costs, fitted in turns.
+
+    Within the baseline's range of tokens per step the curve is the baseline's own (a baseline step at c
+    is the target's pass over c tokens): whatever a speculative step costs beyond it there is the drafter's.
+    Past the baseline's largest batch only speculative steps say how the pass grows; there their steps minus
+    the drafter's cost extend the curve (and the drafters are fitted again on the extended curve).
+    """
     base = [p for p in points if p.arm is None]
     spec = [p for p in points if p.arm is not None and p.kind is not None]
     baseline_ms = {p.c: p.step_ms for p in base}
+    top = max((p.tokens for p in base), default=0.0)
     drafts: dict[str, DraftCost] = {}
     curve = TokenCurve.isotonic([(p.tokens, p.step_ms, BASELINE_WEIGHT) for p in base])
-    for _ in range(rounds):
-        pts = [(p.tokens, p.step_ms, BASELINE_WEIGHT) for p in base]
-        for p in spec:
-            d = drafts.get(p.arm, DraftCost(p.kind))  # type: ignore[arg-type]
-            # the target's share of this step, on the baseline's scale at this level
-            own = p.step_ms - d(p.c, p.k, p.v)
-            pts.append((p.tokens, own, 1.0))
-        curve = TokenCurve.isotonic(pts)
+    for i in range(rounds):
         for arm in {p.arm for p in spec}:
             mine = [p for p in spec if p.arm == arm]
             kind = mine[0].kind
@@ -258,6 +255,16 @@ def fit_step_model(points: Sequence[StepPoint], *, rounds: int = 6) -> StepModel
             ]
             a, b = _nnls2(rows)
             drafts[arm] = DraftCost(kind, a, b)  # type: ignore[arg-type]
+        if i == rounds - 1:
+            break
+        pts = [(p.tokens, p.step_ms, BASELINE_WEIGHT) for p in base]
+        for p in spec:
+            if p.tokens > top:
+                d = drafts[p.arm]  # type: ignore[index]
+                # the target's share of this step, on the baseline's scale at this level
+                own = p.step_ms - d(p.c, p.k, p.v) - baseline_ms.get(p.c, curve(p.c)) + curve(p.c)
+                pts.append((p.tokens, own, 1.0))
+        curve = TokenCurve.isotonic(pts)
     model = StepModel(curve, dict(drafts))
     residuals = tuple((p.step_ms - model.predict(p, baseline_ms)) / p.step_ms for p in spec if p.step_ms > 0)
     return StepModel(curve, dict(drafts), residuals)

@@ -25,6 +25,10 @@ from tuner.search._analysis import Analysis
 from tuner.search._predict import Candidate
 from tuner.search._records import MAX_SEARCH_REPEATS, SEARCH, Record
 
+# Two configs within 1% of each other at a level are a tie (vLLM's tune_speculative_k breaks it toward the
+# smaller K): a candidate is worth a launch only if it may beat the level's best by more than that.
+TIE = 0.01
+
 
 @dataclass(frozen=True)
 class Run:
@@ -147,8 +151,8 @@ def _verify(a: Analysis, cands: list[Candidate]) -> Run | None:
             if c.per_level[label] > arms.get(key, (0.0, None))[0]:
                 arms[key] = (c.per_level[label], c)
         for value, c in arms.values():
-            if c is None or value * (1 + c.margin) <= top:
-                continue  # measured already, or predicted to lose by more than its margin
+            if c is None or value * (1 + c.margin) <= top * (1 + TIE):
+                continue  # measured already, or cannot beat the level's best by more than a tie
             gain = value / top
             if best is None or gain > best[0]:
                 best = (gain, c, label)
@@ -156,11 +160,6 @@ def _verify(a: Analysis, cands: list[Candidate]) -> Run | None:
         return None
     _, c, label = best
     why = f"verify {label}: predicted {c.per_level[label]:.3f}x, the best of its arm there"
-    if not c.option.fixed_length:
-        among = tuple(
-            x for x in cands if not x.option.fixed_length and x.per_level and arm_of(x.spec) == arm_of(c.spec)
-        )
-        return Run(c.spec, why, c.per_level, among=among if len(among) > 1 else ())
     return Run(c.spec, why, c.per_level)
 
 
