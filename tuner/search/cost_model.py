@@ -150,7 +150,7 @@ class TokenCurve:
         blocks: list[list[float]] = []  # [sum w*x, sum w*y, sum w]
         for n, y, w in sorted(points):
             blocks.append([w * n, w * y, w])
-            while len(blocks) > 1 and blocks[-2][1] / blocks[-2][2] >= blocks[-1][1] / blocks[-1][2]:
+            while len(blocks) > 1 and blocks[-2][1] / blocks[-2][2] > blocks[-1][1] / blocks[-1][2]:
                 last = blocks.pop()
                 for i in range(3):
                     blocks[-1][i] += last[i]
@@ -233,7 +233,8 @@ def fit_step_model(points: Sequence[StepPoint], *, rounds: int = 4) -> StepModel
     Within the baseline's range of tokens per step the curve is the baseline's own (a baseline step at c
     is the target's pass over c tokens): whatever a speculative step costs beyond it there is the drafter's.
     Past the baseline's largest batch only speculative steps say how the pass grows; there their steps minus
-    the drafter's cost extend the curve (and the drafters are fitted again on the extended curve).
+    the drafter's cost (its form fitted where the baseline's curve is known, when two points lie there)
+    extend the curve.
     """
     base = [p for p in points if p.arm is None]
     spec = [p for p in points if p.arm is not None and p.kind is not None]
@@ -245,6 +246,10 @@ def fit_step_model(points: Sequence[StepPoint], *, rounds: int = 4) -> StepModel
         for arm in {p.arm for p in spec}:
             mine = [p for p in spec if p.arm == arm]
             kind = mine[0].kind
+            inside = [p for p in mine if p.tokens <= top]
+            # where the baseline measured the target's pass, the rest of the step is the drafter's; past it
+            # the two are confounded, so the drafter's form is fitted inside and extrapolated
+            mine = inside if len(inside) >= 2 else mine
             proto = DraftCost(kind)  # type: ignore[arg-type]
             rows = [
                 (
