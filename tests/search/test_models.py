@@ -73,9 +73,7 @@ def test_the_step_model_learns_a_roofline_knee_from_the_baseline_and_one_depth(k
     what is left of the error."""
     cs = (1, 8, 32, 128)
     points = [StepPoint(c, _roofline(c, knee)) for c in cs]
-    points += [
-        StepPoint(c, _roofline(c * 9, knee) + 8 * (0.4 + 0.005 * c), "e3", Proposer.CHAIN, 8, 8.0) for c in cs
-    ]
+    points += [StepPoint(c, _roofline(c * 9, knee) + 8 * (0.4 + 0.005 * c), "e3", Proposer.CHAIN, 8, 8.0) for c in cs]
     model = fit_step_model(points)
     assert all(abs(r) < 0.05 for r in model.residuals)
     for c in cs:

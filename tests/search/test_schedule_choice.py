@@ -81,7 +81,9 @@ def test_kept_schedule_is_the_static_bests_method_and_reports_its_own_speedup():
     assert out.schedule is not None and out.deployed is out.schedule
     assert (out.schedule.method, out.schedule.model) == (out.best.method, out.best.model)
     assert (out.schedule.prompt_lookup_min, out.schedule.prompt_lookup_max) == (2, 4)
-    assert out.speedup == planner.schedule_speedup() and out.speedup.runs == 3
+    # the schedule is never run in the search: it gets its own runs, as many as its margin over the static
+    # best leaves the decision open (three noise widths over the square root of the runs)
+    assert out.speedup == planner.schedule_speedup() and 1 <= out.speedup.runs <= 3
     assert out.speedup.mean == pytest.approx(truth(engine, out.schedule))
     assert out.speedup.mean > truth(engine, out.best) * 1.05
     assert any(n.startswith(f"schedule {out.schedule.label()}") for n in out.notes)
@@ -93,11 +95,11 @@ def test_schedule_worse_than_the_static_best_is_dropped_and_speedup_is_the_stati
     history = run(planner, engine)
     out = planner.outcome()
     measured = planner.schedule_speedup()
-    assert sum(1 for p, _ in history if p.purpose == "confirm" and p.spec.schedule) == 3  # it was confirmed
+    assert sum(1 for p, _ in history if p.purpose == "confirm" and p.spec.schedule) >= 1  # it was run
     assert measured is not None and measured.mean < out.speedup.mean * (1 - 0.01)
     assert out.schedule is None and out.deployed == out.best and out.best.method is NG
-    assert out.speedup.runs == 3 and out.speedup.mean == pytest.approx(truth(engine, out.best))
-    assert any(n.startswith("no schedule:") and "below the static best" in n for n in out.notes)
+    assert out.speedup.runs >= 1 and out.speedup.mean == pytest.approx(truth(engine, out.best))
+    assert any(n.startswith("no schedule:") and "the static best is deployed" in n for n in out.notes)
 
 
 def test_schedule_slightly_behind_the_static_best_is_not_deployed():
@@ -142,10 +144,26 @@ def test_schedule_can_beat_off_when_every_static_config_loses():
     assert out.schedule.schedule[-1][2] == 0  # K = 0 where speculation loses
     assert out.speedup.mean == pytest.approx(truth(engine, out.schedule)) and out.speedup.mean > 1.1
     assert not any(n.startswith("do not speculate") for n in out.notes)
+    # K = 0 is not off: vLLM's spec-decode bookkeeping still costs. The schedule loses to off at c32 and c128,
+    # half the weight, not most: it is deployed, and the outcome says where it loses and by how much
+    assert set(out.deployed_losses) == {"c32", "c128"} and all(v < 1 for v in out.deployed_losses.values())
+    assert any("is slower than off at c32" in n and "deploy the per-range answers there" in n for n in out.notes)
+    winners = {w.level: w.spec for w in out.per_level_winners}
+    assert winners["c32"].is_off and winners["c128"].is_off
+
+
+def test_a_config_losing_to_off_where_most_of_the_weight_is_is_not_deployed():
+    engine = FakeEngine(per_c_cost=0.03)
+    weights = {"c1": 1.0, "c8": 1.0, "c32": 2.0, "c128": 2.0}  # the high levels carry two thirds
+    planner = OptunaPlanner(space([E3]), LEVELS, budget=Budget(max_trials=12), max_num_seqs=256, level_weights=weights)
+    run(planner, engine)
+    out = planner.outcome()
+    assert out.deployed.is_off and not out.deployed_losses
+    assert any(n.startswith("not deployed:") and "67% of the weight" in n for n in out.notes)
 
 
 def test_noise_is_measured_from_confirmation_runs():
-    engine = FakeEngine(**NGRAM_WINS)  # noise free: repeats agree, so the measured noise is the 1% floor
+    engine = FakeEngine(**NGRAM_SCHEDULE_PAYS)  # noise free: repeats agree, so the measured noise is the 1% floor
     planner = OptunaPlanner(space(), LEVELS, budget=Budget(max_trials=12))
     before = []
     history = run(planner, engine, before_confirm=lambda pl: before.extend(pl.outcome().notes))

@@ -97,7 +97,7 @@ class Analysis:
         }
         self.noise = noise if noise is not None else self._estimate_noise()
         self.prediction_errors = self._prediction_errors()
-        self.band = self._band()
+        self.band, self.arm_bands = self._bands()
         self.predictor = Predictor(
             space=space,
             labels=self.labels,
@@ -107,6 +107,7 @@ class Analysis:
             results={r.number: r.result for r in search if r.result is not None},
             stats=self.stats,
             band=self.band,
+            arm_bands=self.arm_bands,
         )
 
     # ---------------------------------------------------------------------------------------------- inputs
@@ -220,10 +221,10 @@ class Analysis:
             return DEFAULT_NOISE
         return max(0.01, min(0.2, math.sqrt(statistics.fmean(devs))))
 
-    def _prediction_errors(self) -> list[float]:
-        """The prediction-error log: for every search trial proposed with a prediction and then measured,
-        |log(measured / predicted)| at each level (its own run against the baseline's mean figures)."""
-        out: list[float] = []
+    def _prediction_errors(self) -> dict[str, list[float]]:
+        """The prediction-error log, per arm: for every search trial proposed with a prediction and then
+        measured, |log(measured / predicted)| at each level (its own run against the baseline's mean)."""
+        out: dict[str, list[float]] = {}
         if not self.has_baseline:
             return out
         for r in self.search_records:
@@ -235,18 +236,22 @@ class Analysis:
                     continue
                 got = level_metric(lr, self.objective) / self.baseline_metric[label]
                 if got > 0:
-                    out.append(abs(math.log(got / pred)))
+                    out.setdefault(r.spec.arm, []).append(abs(math.log(got / pred)))
         return out
 
-    def _band(self) -> float:
-        """How far a prediction may be off: the root mean square of the logged errors once two trials have
-        been checked (their per-level errors pooled), else a prior of twice the noise; never below the noise
+    def _band(self, errors: Sequence[float]) -> float:
+        """How far a prediction may be off: the root mean square of the logged errors, never below the noise
         (a prediction is checked against one noisy run)."""
+        return max(self.noise, math.sqrt(statistics.fmean(e * e for e in errors)))
+
+    def _bands(self) -> tuple[float, dict[str, float]]:
+        """The band for an arm with no checked prediction (all arms' errors pooled once two trials have been
+        checked, else a prior of twice the noise) and each checked arm's own: one arm's misses (a lookup
+        proposer's match rate, say) do not make every other arm's predictions look worse."""
         checked = sum(1 for r in self.search_records if r.predicted and r.measured)
-        if checked < 2 or not self.prediction_errors:
-            return 2 * self.noise
-        rms = math.sqrt(statistics.fmean(e * e for e in self.prediction_errors))
-        return max(self.noise, rms)
+        pooled = [e for errs in self.prediction_errors.values() for e in errs]
+        default = self._band(pooled) if checked >= 2 and pooled else 2 * self.noise
+        return default, {arm: self._band(errs) for arm, errs in self.prediction_errors.items() if errs}
 
     def candidates(self, pending_keys: set[str]) -> list[Candidate]:
         """Untried configurations of arms still in play, with predictions."""

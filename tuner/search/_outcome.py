@@ -125,7 +125,7 @@ def build_outcome(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -
     baselines = _confirm.runs_of(records, SpecConfig())
     best, best_trial, speedup = _static_best(ctx, a, records, baselines, notes)
     schedule, speedup, sched_speedup = _schedule(ctx, a, records, baselines, best, speedup, notes)
-    # The all-ranges answer never loses to off at the levels carrying most of the weight; where it loses
+    # The all-ranges answer never loses to off at levels carrying most (over half) of the weight; where it loses
     # elsewhere, the outcome says where and by how much (the per-range answers give off there).
     losses: dict[str, float] = {}
     for _ in range(2):
@@ -133,7 +133,7 @@ def build_outcome(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -
         if deployed.is_off:
             break
         losses = _losses(a, speedup)
-        if _loss_share(a, losses) < 0.5:
+        if _loss_share(a, losses) <= 0.5:
             break
         where = ", ".join(f"{lb} {v:.3f}x" for lb, v in losses.items())
         notes.append(

@@ -92,6 +92,7 @@ class Predictor:
         results: Mapping[int, TrialResult],
         stats: Mapping[str, ConfigStats],
         band: float,
+        arm_bands: Mapping[str, float] | None = None,
     ) -> None:
         self.space = space
         self.labels = labels
@@ -101,6 +102,7 @@ class Predictor:
         self.results = results
         self.stats = stats
         self.band = band
+        self.arm_bands = dict(arm_bands or {})
         self._arms: dict[tuple[str, str], ArmModel | None] = {}
         self._model: StepModel | None = None
         self._model_done = False
@@ -238,10 +240,11 @@ class Predictor:
         """Per-level predicted speedups and the margin they may be beaten by; (None, inf) when the arm is
         unmeasured.
 
-        The margin is the calibrated error band (``band``: how wrong predictions have been, a prior until
-        some were checked) times how much less is known here: 1 within the measured depths of a fixed-length
-        or step-counted arm, 1.5 for block drafters (their cost splits less cleanly), 2 for a lookup arm
-        measured per proposal only, 3 beyond the deepest measured depth or for another lookup window.
+        The margin is the calibrated error band (how wrong this arm's checked predictions have been; all
+        arms' pooled, or a prior, until some of its own were checked) times how much less is known here: 1
+        within the measured depths of a fixed-length or step-counted arm, 1.5 for block drafters (their cost
+        splits less cleanly), 2 for a lookup arm measured per proposal only, 3 beyond the deepest measured
+        depth or for another lookup window.
         """
         if spec.is_off:
             return dict.fromkeys(self.labels, 1.0), 0.0
@@ -260,7 +263,7 @@ class Predictor:
             factor = 1.0
         else:
             factor = 2.0
-        return self._anchored(arm, k, model), self.band * factor
+        return self._anchored(arm, k, model), self.arm_bands.get(spec.arm, self.band) * factor
 
     def combine(self, per_level: Mapping[str, float]) -> float:
         return combine(per_level, self.weights)

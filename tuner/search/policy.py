@@ -94,7 +94,9 @@ def next_search(
         return Wait()
     return Stop(
         "stopping rule: at every level, each arm's predicted best has been measured or is predicted to lose "
-        f"by more than its margin (error band {a.band:.1%}, from {len(a.prediction_errors)} checked predictions)"
+        f"by more than its margin (error band {a.band:.1%} pooled, "
+        + ", ".join(f"{arm} {b:.1%}" for arm, b in a.arm_bands.items())
+        + f"; from {sum(len(e) for e in a.prediction_errors.values())} checked per-level predictions)"
     )
 
 
