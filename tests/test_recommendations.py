@@ -27,9 +27,9 @@ def outcome(per_level: dict[str, float]) -> TuneOutcome:
 @pytest.mark.parametrize(
     ("winner", "expect_spec", "confirmed", "says"),
     [
-        (LevelWinner("c1", DEPLOYED, 1.8, 9), DEPLOYED, True, "confirmation runs"),
+        (LevelWinner("c1", DEPLOYED, 1.8, 9), DEPLOYED, True, "runs on fresh servers"),
         # the deployed schedule runs K=0 at c128 and measured 0.89x there: that range deploys nothing
-        (LevelWinner("c128", DEPLOYED, 0.89, 9), SpecConfig(), False, "0.890x there over 3 confirmation runs"),
+        (LevelWinner("c128", DEPLOYED, 0.89, 9), SpecConfig(), False, "0.890x there over 3 runs on fresh servers"),
         (LevelWinner("c64", SpecConfig(), 1.0, 0), SpecConfig(), False, "nothing beat the baseline there"),
         (LevelWinner("c8", OTHER, 1.01, 5), SpecConfig(), False, "within noise"),
         (LevelWinner("c8", OTHER, 1.40, 5), OTHER, False, "one search trial (unconfirmed)"),

@@ -239,10 +239,10 @@ def _level_answer(outcome: TuneOutcome, w: LevelWinner) -> tuple[SpecConfig, Spe
                 None,
                 (
                     f"No speculation at {w.level}: the deployed {w.spec.label()} measured {at:.3f}x there over "
-                    f"{outcome.speedup.runs} confirmation runs, within noise ({outcome.noise:.1%}) of the baseline."
+                    f"{outcome.speedup.runs} runs on fresh servers, within noise ({outcome.noise:.1%}) of the baseline."
                 ),
             )
-        return w.spec, outcome.speedup, f"Speedup at {w.level} from the {outcome.speedup.runs} confirmation runs."
+        return w.spec, outcome.speedup, f"Speedup at {w.level} from {outcome.speedup.runs} runs on fresh servers (search and confirmation)."
     if w.speedup <= 1.0 + outcome.noise:
         return (
             SpecConfig(),
@@ -451,7 +451,7 @@ def _summary(rec: Recommendation) -> str:
     level = rec.per_level_winners[0].level if len(rec.per_level_winners) == 1 else None
     if rec.speedup and level and level in rec.speedup.per_level:
         sp = (
-            f"{rec.speedup.per_level[level]:.2f}x at {level} (mean of {rec.speedup.runs} confirmation runs; "
+            f"{rec.speedup.per_level[level]:.2f}x at {level} (mean of {rec.speedup.runs} runs on fresh servers; "
             f"{rec.speedup.mean:.2f}x over all levels)"
         )
     elif rec.speedup:

@@ -108,7 +108,6 @@ def test_real_vllm_job_to_recommendation(served: tuple[TestClient, dict[str, str
     assert all(t["engine"] == "vllm" and not t["simulated"] for t in trials)
     methods = {t["method"] for t in trials if t["purpose"] != "confirm"}
     assert {"off", "ngram", "draft_model"} <= methods, methods
-    assert sum(t["purpose"] == "confirm" and t["method"] == "off" for t in trials) >= 3, summary
     for t in trials:
         assert t["log_path"] and Path(t["log_path"]).exists(), t
         result = t["result"]
@@ -123,9 +122,11 @@ def test_real_vllm_job_to_recommendation(served: tuple[TestClient, dict[str, str
     for n in body["provenance"]["trial_numbers"]:
         assert Path(by_number[n]["log_path"]).exists()
     deployed = body["speculative_config"]
-    confirms = [t for t in trials if t["purpose"] == "confirm" and t["speculative_config"] == deployed]
-    assert len(confirms) >= 3 and all(t["status"] == "succeeded" for t in confirms)  # vLLM accepted it 3 times
-    assert body["speedup"]["runs"] >= 3
+    # every run of the deployed config (search and confirmation, each a fresh server) succeeded; confirmation
+    # adds runs only where a decision was close, so there may be one
+    runs = [t for t in trials if t["speculative_config"] == deployed]
+    assert runs and all(t["status"] == "succeeded" for t in runs), summary
+    assert body["speedup"]["runs"] >= 1
     for figures in body["latency"].values():  # each level says whether the client kept up, and with how many
         assert isinstance(figures["client_bound"], bool) and figures["client_processes"] >= 1
     # the simulated engine never answers this: the recommendation is a measurement
