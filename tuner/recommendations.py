@@ -242,7 +242,12 @@ def _level_answer(outcome: TuneOutcome, w: LevelWinner) -> tuple[SpecConfig, Spe
                     f"{outcome.speedup.runs} runs on fresh servers, within noise ({outcome.noise:.1%}) of the baseline."
                 ),
             )
-        return w.spec, outcome.speedup, f"Speedup at {w.level} from {outcome.speedup.runs} runs on fresh servers (search and confirmation)."
+        runs = outcome.speedup.runs
+        return (
+            w.spec,
+            outcome.speedup,
+            f"Speedup at {w.level} from {runs} runs on fresh servers (search and confirmation).",
+        )
     if w.speedup <= 1.0 + outcome.noise:
         return (
             SpecConfig(),
