@@ -246,7 +246,7 @@ def _level_answer(outcome: TuneOutcome, w: LevelWinner) -> tuple[SpecConfig, Spe
         return (
             w.spec,
             outcome.speedup,
-            f"Speedup at {w.level} from {runs} runs on fresh servers (search and confirmation).",
+            f"Speedup at {w.level} from {runs} runs on fresh servers.",
         )
     if w.speedup <= 1.0 + outcome.noise:
         return (
