@@ -226,7 +226,7 @@ def _level_answer(outcome: TuneOutcome, w: LevelWinner) -> tuple[SpecConfig, Spe
     """What to deploy for one concurrency range: the best measured at its level, and how sure we are.
 
     The winner is read from every trial (confirmation runs included). When it is the deployed config, the
-    speedup comes from its confirmation runs; otherwise from one search trial, which must beat the baseline
+    speedup comes from all its runs on fresh servers; otherwise from one search trial, which must beat the baseline
     by more than the noise to be recommended at all.
     """
     if w.spec.is_off:

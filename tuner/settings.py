@@ -86,7 +86,9 @@ class Settings(BaseSettings):
         "none under Ray (it hands a trial CPUs by count); 'none': no pinning.",
     )
     trial_deadline_s: float | None = 3600.0
-    confirm_runs: int = Field(default=3, ge=3, le=10, description="Fresh-server re-measurements before recommending.")
+    confirm_runs: int = Field(
+        default=3, ge=3, le=10, description="Most runs on fresh servers a close decision gets (the search run included)."
+    )
     gpus: str | None = Field(default=None, description="Comma-separated GPU indices to use; default: detect.")
     executor: ExecutorKind = Field(
         default=ExecutorKind.LOCAL, description="Where trials run: local (this host's GPUs) | ray (a Ray cluster's)."

@@ -172,7 +172,8 @@ class TuneIn(Strict):
         default=None,
         ge=3,
         le=10,
-        description="Fresh-server re-measurements of the baseline, the winner and the schedule (at least 3).",
+        description="Most runs on fresh servers a close decision (winner vs baseline, schedule vs winner) gets, the "
+        "search run included; clear decisions get none beyond it (at least 3).",
     )
     correctness_prompts: int = Field(default=4, ge=0, le=64)
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Optuna's and vLLM's seed (numpy's range).")
