@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     )
     trial_deadline_s: float | None = 3600.0
     confirm_runs: int = Field(
-        default=3, ge=3, le=10, description="Most runs on fresh servers a close decision gets (the search run included)."
+        default=3, ge=3, le=10, description="Most runs on fresh servers a close decision gets (search run included)."
     )
     gpus: str | None = Field(default=None, description="Comma-separated GPU indices to use; default: detect.")
     executor: ExecutorKind = Field(
