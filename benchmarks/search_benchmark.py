@@ -311,16 +311,28 @@ def run(seeds: Sequence[int], only: Sequence[str] | None = None, suite: str = "a
                 "random_hits": hits(rnd),
                 "tpe_hits": hits(tpe),
                 "notes": [n for n in ours[0].outcome.notes if n.startswith("per-level")],
+                "residual": statistics.median(_note_share(r, "residual RMS") for r in ours),
+                "pred_error": statistics.median(_note_share(r, "error RMS") for r in ours),
             }
         )
     return rows
+
+
+def _note_share(run: Run, key: str) -> float:
+    """A percentage the outcome's step-cost note states after ``key`` (0 when absent)."""
+    for note in run.outcome.notes:  # type: ignore[attr-defined]
+        if key in note:
+            return float(note.split(key, 1)[1].split("%")[0]) / 100
+    return 0.0
 
 
 def level_table(rows: Sequence[dict]) -> str:
     """Per-level answers: what ``GET /recommendation?concurrency=`` returns, and the deployed config."""
     head = (
         "| scenario | family | grid | search launches (all) | per-range within 2% | worst level miss | deployed "
-        "within 2% | deployed slower than off | grid | random | plain TPE |\n" + "|---" * 11 + "|"
+        "within 2% | deployed slower than off | grid | random | plain TPE | model residual, prediction error (RMS) |\n"
+        + "|---" * 12
+        + "|"
     )
     lines = [head]
     for r in rows:
@@ -330,7 +342,7 @@ def level_table(rows: Sequence[dict]) -> str:
             f"{r['ours_trials']:g} ({r['ours_all_launches']:g}) | {r['ours_hits']}/{n} | "
             f"{r['ours_worst_miss']:.1%} | {r['deployed_hits']}/{n} | {r['deployed_loses']}/{n} "
             f"(worst {r['deployed_worst_vs_off']:+.1%}) | {r['grid_hits']}/{n} | {r['random_hits']}/{n} | "
-            f"{r['tpe_hits']}/{n} |"
+            f"{r['tpe_hits']}/{n} | {r['residual']:.1%}, {r['pred_error']:.1%} |"
         )
     return "\n".join(lines)
 

@@ -79,8 +79,29 @@ def per_level_winners(a: Analysis, records: Sequence[Record]) -> tuple[LevelWinn
             if best is None or s > best[0] or (s == best[0] and st.spec.is_off):
                 best = (s, st)
         if best is not None:
-            out.append(LevelWinner(label, best[1].spec, best[0], best[1].numbers[0]))
+            # a 1% tie goes to the smaller K (off is K = 0), as in vLLM's tune_speculative_k: cheaper to run
+            # and less to lose when acceptance drifts
+            tied = [
+                (_k_at(a, st.spec, label), st.numbers[0], s, st)
+                for st in stats.values()
+                if (s := 1.0 if st.spec.is_off else st.per_level().get(label, 0.0)) >= best[0] / 1.01
+                and _eligible_at(a, st, label)
+            ]
+            _, _, s, st = min(tied, key=lambda t: (t[0], t[1]))
+            out.append(LevelWinner(label, st.spec, s, st.numbers[0]))
     return tuple(out)
+
+
+def _k_at(a: Analysis, spec: SpecConfig, label: str) -> int:
+    c = a.concurrency.get(label)
+    return 0 if spec.is_off else spec.k_at(int(c)) if c else spec.num_speculative_tokens
+
+
+def _eligible_at(a: Analysis, st: ConfigStats, label: str) -> bool:
+    if st.diverged or st.spec.key() in a.failed_configs or label not in st.per_level() and not st.spec.is_off:
+        return False
+    v = st.violations.get(label) or [0.0]
+    return a.slo.is_empty() or statistics.fmean(v) <= 0 or a.baseline_violation.get(label, -1) > 0
 
 
 def _short(spec: SpecConfig) -> str:
@@ -169,6 +190,19 @@ def build_outcome(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -
         )
     elif winners:
         notes.append(f"one method+draft wins at every level ({', '.join(labels)}): {_arm(winners[0].spec)}")
+    model = a.predictor.step_model() if a.can_predict else None
+    errors = [e for errs in a.prediction_errors.values() for e in errs]
+    if model is not None and model.residuals:
+        res = math.sqrt(statistics.fmean(r * r for r in model.residuals))
+        checked = (
+            f"; predictions checked against measurements: {len(errors)} per-level, error RMS "
+            f"{math.sqrt(statistics.fmean(e * e for e in errors)):.1%}"
+            if errors
+            else ""
+        )
+        notes.append(
+            f"step-cost model: residual RMS {res:.1%} over {len(model.residuals)} speculative level figures{checked}"
+        )
     for label, reason in a.client_bound.items():
         if label in a.undecided:
             notes.append(f"{label} decided nothing: the client could not keep up ({reason}); not measured")
