@@ -5,25 +5,22 @@ How a job is searched (all decisions are recomputed from the stored trials, so a
 same storage and study name after a crash continues where it stopped without re-running anything):
 
 1. The baseline (no speculation) is enqueued first; its figures are the denominator of every speedup.
-2. Each arm (method + draft, and each ngram lookup window) is probed once: fixed-length drafters at their
-   deepest allowed depth, because one trial at depth K predicts the acceptance length of every depth <= K
-   (``extrapolation.py``); variable-length proposers at the depth nearest 4, measured directly.
-3. After that, every untried configuration gets a prediction from its arm's acceptance curve and fitted
-   step-cost model (``cost_model.py``). The most promising one is enqueued when its optimistic prediction
-   beats the incumbent by more than the noise; when the most promising is a variable-length proposer, the
-   seeded multivariate TPE sampler (``group=True`` for the conditional depth/lookup parameters,
-   ``constant_liar=True`` for parallel pending trials, SLOs as per-level trial constraints: Optuna 5's
-   ``Trial.set_constraint``, which replaced the deprecated ``constraints_func``) picks among the
-   candidates worth a trial. The search stops when no untried candidate is worth one, or the budget is
-   spent; every candidate left untried is reported with its prediction. Two measured configs within noise
-   of each other are re-measured (at most twice per search).
-4. Confirmation: the baseline, the static winner and the per-batch-size schedule (when K varies by level)
-   are each re-measured ``confirm_runs`` times on fresh servers; the recommendation's speedup comes from
-   these runs, paired run by run with the baseline. The schedule varies K for one method+draft, the static
-   winner's (chosen by the objective over all levels); it is deployed only when its own confirmation runs
-   average at least the static winner's, and the outcome's speedup is then its own.
+2. The search itself is the pure step function of ``policy.py`` (the trials' analysis in, ``Run | Wait |
+   Stop`` out): each arm probed once at its deepest depth, then per-level verification with predictions
+   from ``_predict.py`` (acceptance curves, the learnt step-cost model of ``cost_model.py``) and margins from
+   the prediction-error log, repeats where two arms are within noise. Every proposal is enqueued with its
+   prediction (the ``predicted`` user attr) so the log survives restarts. Optuna keeps the study: the
+   conditional parameters are registered on every trial (the seeded multivariate TPE sampler, ``group=True``,
+   ``constant_liar=True``) and SLOs are per-level trial constraints (Optuna 5's ``Trial.set_constraint``), so
+   the study reads like any other in optuna-dashboard.
+3. Confirmation (``_confirm.py``): fresh-server runs only where a decision is close (winner vs off,
+   schedule vs static winner), the search run counting as the first; ``confirm_runs`` caps a close call.
+4. The outcome (``_outcome.py``): per-level winners (a 1% tie to the smaller K), the static best and the
+   schedule by the median minus MAD of their runs, and a deployed config that never loses to off at levels
+   carrying most of the weight.
 5. Noise: the pooled run-to-run spread of every configuration measured more than once (search repeats and
-   confirmation runs), 3% until there are repeats; it sets the stopping rule, "off" and schedule-vs-static.
+   confirmation runs), 3% until there are repeats; it floors the error band and sets "off" and the
+   confirmation's settling rule.
 
 Failures keep their class: ``unsupported_config`` excludes the method+draft and does not count against
 ``budget.max_trials``; ``oom`` narrows that arm's depths to below the failed depth; a crash or startup
@@ -65,14 +62,12 @@ from tuner.domain import (
 from tuner.search import _confirm
 from tuner.search._analysis import Analysis
 from tuner.search._outcome import OutcomeContext, build_outcome
-from tuner.search._predict import Candidate
 from tuner.search._records import MAX_RETRIES, RETRYABLE, SEARCH, Record
 from tuner.search._space import SearchSpace
 from tuner.search.objective import constraints, log_value, weights_for
 from tuner.search.policy import Run, Stop, Wait, next_search
 from tuner.search.storage import RetryingRDBStorage
 
-TPE_ATTEMPTS = 3
 # Fresh-server re-measurements of the baseline, the winner and the schedule: at least 3, enough to see noise.
 DEFAULT_CONFIRM_RUNS = 3
 NO_SLO = SLO()
@@ -390,8 +385,6 @@ class OptunaPlanner:
                 a, records, budget_left=self._search_budget_left(records), out_of_time=self._out_of_time()
             )
             if isinstance(step, Run):
-                if step.among:
-                    return self._tpe_pick(list(step.among), a)
                 return self._propose(step.spec, Purpose.SEARCH, predicted=_jsonable(step.predicted))
             if isinstance(step, Wait) or searching:
                 return None
@@ -410,35 +403,6 @@ class OptunaPlanner:
         if self.budget.max_wall_s is not None and time.time() - started > self.budget.max_wall_s:
             return f"budget: {self.budget.max_wall_s:g} s of wall time spent"
         return None
-
-    def _tpe_pick(self, worth: list[Candidate], a: Analysis) -> Proposal | None:
-        """Let TPE choose among the candidates worth a trial; samples outside that set fail fast, unlaunched."""
-        if not worth:
-            return None
-        keys = {c.spec.key() for c in worth}
-        for _ in range(TPE_ATTEMPTS):
-            trial = self.study.ask()
-            spec = self._suggest(trial)
-            trial.set_user_attr("spec", to_jsonable(spec))
-            trial.set_user_attr("purpose", Purpose.SEARCH.value)
-            if spec.key() in keys:
-                chosen = next(c for c in worth if c.spec.key() == spec.key())
-                if chosen.per_level:
-                    trial.set_user_attr("predicted", _jsonable(chosen.per_level))
-                return Proposal(trial.number, spec, Purpose.SEARCH)
-            trial.set_user_attr("skipped", self._why_not(spec, a))
-            self.study.tell(trial, state=TrialState.FAIL)
-        return self._propose(worth[0].spec, Purpose.SEARCH, predicted=_jsonable(worth[0].per_level))
-
-    def _why_not(self, spec: SpecConfig, a: Analysis) -> str:
-        opt = self.space.option_for(spec)
-        if spec.key() in a.stats:
-            return "already measured"
-        if opt is not None and opt.key in a.excluded_arms:
-            return a.excluded_arms[opt.key]
-        if spec.key() in a.failed_configs:
-            return a.failed_configs[spec.key()]
-        return "queued already, or predicted not to beat the incumbent beyond noise"
 
     def _next_confirm(self, a: Analysis, records: list[Record]) -> Proposal | None:
         todo = _confirm.missing(a, records, self.confirm_runs)

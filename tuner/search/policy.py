@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tuner.domain import Method, Purpose, SpecConfig
 from tuner.search._analysis import Analysis
@@ -32,13 +32,11 @@ TIE = 0.01
 
 @dataclass(frozen=True)
 class Run:
-    """Run ``spec`` (with its prediction, logged with the trial); when ``among`` is set, the planner's
-    sampler may choose within those instead (variable-length proposers, whose depth and window interact)."""
+    """Run ``spec``; its prediction (if any) is logged with the trial."""
 
     spec: SpecConfig
     why: str
     predicted: Mapping[str, float] | None = None
-    among: tuple[Candidate, ...] = field(default=())
 
 
 @dataclass(frozen=True)
