@@ -34,6 +34,20 @@ REQUESTS = tuple(
 )
 
 
+def _space(model: str, config: dict | None, methods: Sequence[Method], drafts: dict) -> SearchSpace:
+    """Every scenario's space: H100 on vLLM 0.34, the given drafts only, one ngram lookup window."""
+    return build_space(
+        model,
+        config,
+        hardware="h100",
+        vllm_version="0.34.0",
+        methods=methods,
+        drafts=drafts,
+        catalog=_NO_CATALOG,
+        ngram_lookups=((2, 4),),
+    )
+
+
 def levels_for(concurrencies: Sequence[int]) -> tuple[LoadLevel, ...]:
     return tuple(LoadLevel(value=float(c), num_requests=max(16, 2 * c), warmup_requests=2) for c in concurrencies)
 
@@ -85,16 +99,7 @@ def _sim(
 ) -> Scenario:
     levels = levels_for(concurrencies)
     drafts = drafts if drafts is not None else {m: [f"draft/{m.value}"] for m in methods if m.needs_draft_checkpoint}
-    space = build_space(
-        model.name,
-        config,
-        hardware="h100",
-        vllm_version="0.34.0",
-        methods=methods,
-        drafts=drafts,
-        catalog=_NO_CATALOG,
-        ngram_lookups=((2, 4),),
-    )
+    space = _space(model.name, config, methods, drafts)
     return Scenario(
         name,
         "simulated",
@@ -116,16 +121,7 @@ def _published(
     levels = levels_for(concurrencies)
     methods = sorted({a.method for a in arms}, key=lambda m: m.value)
     drafts = {a.method: [a.draft] for a in arms if a.draft}
-    space = build_space(
-        name,
-        config,
-        hardware="h100",
-        vllm_version="0.34.0",
-        methods=methods,
-        drafts=drafts,
-        catalog=_NO_CATALOG,
-        ngram_lookups=((2, 4),),
-    )
+    space = _space(name, config, methods, drafts)
     truth_engine = pub.PublishedEngine(arms, noise=0.0)
 
     def truth(spec: SpecConfig) -> dict[str, float] | None:
@@ -150,16 +146,7 @@ def _physics(family: phys.Family, member: tuple) -> Scenario:
     methods = sorted({d.method for d in physics.drafters}, key=lambda m: m.value)
     drafts = {d.method: [d.draft] for d in physics.drafters if d.draft}
     config = DSV3_CONFIG if Method.MTP in methods else None
-    space = build_space(
-        name,
-        config,
-        hardware="h100",
-        vllm_version="0.34.0",
-        methods=methods,
-        drafts=drafts,
-        catalog=_NO_CATALOG,
-        ngram_lookups=((2, 4),),
-    )
+    space = _space(name, config, methods, drafts)
 
     def truth(spec: SpecConfig) -> dict[str, float] | None:
         if physics.runs(spec) is not None:

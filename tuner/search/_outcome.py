@@ -68,27 +68,21 @@ def per_level_winners(a: Analysis, records: Sequence[Record]) -> tuple[LevelWinn
     for label in a.labels:
         if label in a.undecided:
             continue  # measured the client's ceiling: no per-range answer from it
-        best: tuple[float, ConfigStats] | None = None
-        for st in stats.values():
-            if st.diverged or st.spec.key() in a.failed_configs or label not in st.per_level():
-                continue
-            v = st.violations.get(label) or [0.0]
-            if not a.slo.is_empty() and statistics.fmean(v) > 0 and a.baseline_violation.get(label, -1) <= 0:
-                continue
-            s = 1.0 if st.spec.is_off else st.per_level()[label]
-            if best is None or s > best[0] or (s == best[0] and st.spec.is_off):
-                best = (s, st)
-        if best is not None:
-            # a 1% tie goes to the smaller K (off is K = 0), as in vLLM's tune_speculative_k: cheaper to run
-            # and less to lose when acceptance drifts
-            tied = [
-                (_k_at(a, st.spec, label), st.numbers[0], s, st)
-                for st in stats.values()
-                if (s := 1.0 if st.spec.is_off else st.per_level().get(label, 0.0)) >= best[0] / 1.01
-                and _eligible_at(a, st, label)
-            ]
-            _, _, s, st = min(tied, key=lambda t: (t[0], t[1]))
-            out.append(LevelWinner(label, st.spec, s, st.numbers[0]))
+        scored = [
+            (1.0 if st.spec.is_off else st.per_level()[label], st)
+            for st in stats.values()
+            if _eligible_at(a, st, label)
+        ]
+        if not scored:
+            continue
+        best = max(s for s, _ in scored)
+        # a 1% tie goes to the smaller K (off is K = 0), as in vLLM's tune_speculative_k: cheaper to run and
+        # less to lose when acceptance drifts
+        _, _, s, st = min(
+            ((_k_at(a, st.spec, label), st.numbers[0], s, st) for s, st in scored if s >= best / 1.01),
+            key=lambda t: (t[0], t[1]),
+        )
+        out.append(LevelWinner(label, st.spec, s, st.numbers[0]))
     return tuple(out)
 
 
@@ -98,7 +92,8 @@ def _k_at(a: Analysis, spec: SpecConfig, label: str) -> int:
 
 
 def _eligible_at(a: Analysis, st: ConfigStats, label: str) -> bool:
-    if st.diverged or st.spec.key() in a.failed_configs or label not in st.per_level() and not st.spec.is_off:
+    """Measured at ``label``, never diverged or failed, and within the SLOs there where the baseline is."""
+    if st.diverged or st.spec.key() in a.failed_configs or label not in st.per_level():
         return False
     v = st.violations.get(label) or [0.0]
     return a.slo.is_empty() or statistics.fmean(v) <= 0 or a.baseline_violation.get(label, -1) > 0

@@ -23,7 +23,6 @@ from tuner.search.cost_model import (
     phase_gain,
 )
 from tuner.search.extrapolation import AcceptanceCurve
-from tuner.search.objective import combine
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class ArmModel:
-    """What an arm's trials say: acceptance curve, deepest depth, proposal rate, prefill per level and
+    """What an arm's trials say: acceptance curve, deepest depth, proposal rate, TTFT per level and
     the measured per-level speedups by depth."""
 
     key: str
@@ -264,6 +263,3 @@ class Predictor:
         else:
             factor = 2.0
         return self._anchored(arm, k, model), self.arm_bands.get(spec.arm, self.band) * factor
-
-    def combine(self, per_level: Mapping[str, float]) -> float:
-        return combine(per_level, self.weights)

@@ -1,10 +1,8 @@
 """A step-cost model learnt from the trials so far: the decode step against the tokens it verifies.
 
-Prefill competes with decoding: with chunked prefill, a step that carries prompt chunks takes longer, so
-TPOT = S / (1 - r P), where S is the raw decode step, r the request rate and P the GPU time of one
-request's prefill. P comes from the baseline's TTFT (about one step plus its own prefill, stretched the same
-way): P = X / (1 + r X) with X = TTFT - TPOT. A trial's raw step at one level is then
-``S = TPOT x tau x (1 - r P)`` (tau tokens per request-step).
+A trial's step at one level is the decode step as its requests saw it, ``S = TPOT x tau`` (tau tokens per
+request-step); prefill riding in the steps is part of it (an explicit prefill share, removed before, went
+negative on engines whose TTFT is queueing rather than prefill competing with decode).
 
 The shape of the step is learnt, not assumed. The target's forward pass depends mostly on the tokens it
 processes per step: the baseline at concurrency c runs about c, a speculative trial about c (1 + v), with v
@@ -24,10 +22,9 @@ On top of that every speculative config pays vLLM's spec-decode bookkeeping, eve
 and +21.6% at c189 (Gemma-4-31B on H100, docs/vllm-facts.md), taken as the prior ``overhead(c) = T_off x
 (0.0644 + 0.0008 c)`` and subtracted first.
 
-The prediction at depth k and level c is ``S_k = S_off + overhead + T(c (1 + v)) - T(c) + draft(c, k)``;
-with c requests in flight each needing n = out - 1 decode tokens, the closed loop settles at
-``r = c / (c P + P + S (1 + n / tau))`` requests/s (``closed_loop_gain``); throughput is r x out and
-TPOT = S / (tau (1 - r P)).
+The prediction at depth k and level c is ``S_k = S_off + overhead + T(c (1 + v)) - T(c) + draft(c, k)``,
+so TPOT_k = S_k / tau_k; with the same c requests in flight, each taking TTFT + (out - 1) x TPOT, the
+throughput ratio follows by Little's law (``phase_gain``; TTFT is the arm's measured one at that level).
 """
 
 from __future__ import annotations
@@ -41,41 +38,6 @@ from tuner.domain import LevelResult, LoadKind, Proposer
 def overhead_ms(t_off: float, c: float) -> float:
     """Spec-decode bookkeeping per step, paid by any speculative config (the prior above)."""
     return t_off * (0.0644 + 0.0008 * c)
-
-
-def prefill_share(ttft_ms: float, tpot_ms: float, rate_per_ms: float) -> float:
-    """P, the GPU ms one request's prefill takes, from the baseline's TTFT and TPOT (see the docstring)."""
-    x = max(0.0, ttft_ms - tpot_ms)
-    return x / (1.0 + rate_per_ms * x)
-
-
-def raw_step(tpot_ms: float, tau: float, rate_per_ms: float, prefill_ms: float) -> float:
-    """The decode step without the prefill chunks riding in it."""
-    return tpot_ms * tau * max(0.05, 1.0 - rate_per_ms * prefill_ms)
-
-
-def closed_loop_gain(
-    step_off: float,
-    step: float,
-    tau: float,
-    *,
-    c: float,
-    prefill: float,
-    out_tokens: float,
-    tpot: bool = False,
-    prefill_k: float | None = None,
-) -> float:
-    """Predicted speedup over the baseline: throughput ratio, or 1/TPOT ratio when ``tpot``.
-
-    ``prefill_k`` is the prefill per request with the drafter (it prefills the prompt too), when measured.
-    """
-    n = max(0.0, out_tokens - 1.0)
-    pk = prefill if prefill_k is None else prefill_k
-    r0 = c / (c * prefill + prefill + step_off * (1.0 + n))
-    r = c / (c * pk + pk + step * (1.0 + n / tau))
-    if not tpot:
-        return r / r0
-    return (step_off / max(0.05, 1.0 - r0 * prefill)) / (step / (tau * max(0.05, 1.0 - r * pk)))
 
 
 def phase_gain(
