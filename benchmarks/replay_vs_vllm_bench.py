@@ -54,7 +54,7 @@ def log_acceptance(log_text: str) -> tuple[float | None, int]:
     return (1 + accepted / drafts if drafts else None), len(lines)
 
 
-async def our_replay(base: str, model: str, items: list[dict], concurrency: int, token_ids: bool = True) -> dict:
+async def our_replay(base: str, model: str, items: list[dict], concurrency: int, token_ids: bool = False) -> dict:
     reqs = [
         TrafficRequest(TrafficFormat.COMPLETIONS, prompt=x["prompt"], output_tokens=x["output_tokens"]) for x in items
     ]
@@ -66,11 +66,17 @@ async def our_replay(base: str, model: str, items: list[dict], concurrency: int,
         after = await vllm_metrics.scrape(client, base)
     figures = summarize(level, window.records, window.duration_s, slo=SLO())
     sd = vllm_metrics.spec_decode_delta(before, after, 3)
-    # Tokens per SSE event after the first (the prefill's token): one event per engine step, so at c1 this is
-    # the acceptance length as the client sees it (the last step of a request can be cut by max_tokens).
-    decode_chunks = [c.tokens for rec in window.records for c in rec.chunks[1:] if c.tokens > 0]
+    # The SSE events after the first (the prefill's token). At c1 each is one engine step of one request, and
+    # a step yields 1 + the tokens accepted in it, so with token ids: decode tokens - decode events = the
+    # server's accepted-token counter, and decode events = its decode steps (ngram drafts only where its
+    # n-gram matches, so tokens per event is not the acceptance length, which is per drafted step).
+    decode = [c.tokens for rec in window.records for c in rec.chunks[1:] if c.tokens > 0]
     return {
-        "tokens_per_chunk": sum(decode_chunks) / len(decode_chunks) if decode_chunks and token_ids else None,
+        "tokens_per_chunk": sum(decode) / len(decode) if decode and token_ids else None,
+        "decode_events": len(decode) if token_ids else None,
+        "decode_tokens": sum(decode) if token_ids else None,
+        "accepted_tokens": sd.num_accepted_tokens if sd else None,
+        "decode_steps": sd.decode_steps if sd else None,
         "output_throughput": figures.output_throughput,
         "mean_tpot_ms": figures.tpot_ms.mean,
         "mean_ttft_ms": figures.ttft_ms.mean,
@@ -180,8 +186,8 @@ def main() -> int:
         for rep in range(args.repeats):
             rows.append(("replay", asyncio.run(our_replay(base, args.model, items, args.concurrency))))
             rows.append(("vllm bench", run_bench(vllm_cli, base, args.model, dataset, args, work / f"b{rep}.json")))
-            no_ids = asyncio.run(our_replay(base, args.model, items, args.concurrency, token_ids=False))
-            rows.append(("replay, no token ids", no_ids))
+            with_ids = asyncio.run(our_replay(base, args.model, items, args.concurrency, token_ids=True))
+            rows.append(("replay, token ids", with_ids))
         time.sleep(11)  # let the server log its last interval's SpecDecoding line
         total = vllm_metrics.spec_decode_delta(vllm_metrics.MetricsSnapshot(), asyncio.run(snapshot(base)), 3)
         log_len, log_lines = log_acceptance(server.log_path.read_text(errors="replace"))
@@ -218,8 +224,15 @@ def main() -> int:
     for t in tools:
         lengths = sorted({round(r["acceptance_length"], 4) for tt, r in rows if tt == t})
         print(f"- acceptance length, {t}: {lengths}")
-    per_chunk = [round(r["tokens_per_chunk"], 4) for t, r in rows if t == "replay" and r.get("tokens_per_chunk")]
-    print(f"- tokens per SSE event after the first, replay with token ids (= acceptance length at c1): {per_chunk}")
+    ids_rows = [r for t, r in rows if t == "replay, token ids" and r.get("decode_events")]
+    per_chunk = [round(r["tokens_per_chunk"], 4) for r in ids_rows]
+    print(f"- tokens per SSE event after the first, replay with token ids: {per_chunk}")
+    for r in ids_rows:
+        print(
+            f"  - decode tokens - decode events = {r['decode_tokens'] - r['decode_events']}, accepted-token "
+            f"counter {r['accepted_tokens']:.0f}; decode events {r['decode_events']}, decode steps from the "
+            f"counters {r['decode_steps']} (equal at c1, where one event is one step)"
+        )
     bench_metrics = sorted({round(r["metrics_acceptance_length"], 4) for t, r in rows if t == "vllm bench"})
     print(f"- acceptance length from our /metrics diff over the vllm bench windows: {bench_metrics}")
     print(

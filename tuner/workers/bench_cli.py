@@ -44,7 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--max-requests", type=int, default=5000, help="refuse to send more than this in all")
     p.add_argument("--client-processes", type=int, default=1, help="client processes per window")
     p.add_argument("--max-client-processes", type=int, default=None, help="re-measure a client-bound window up to")
-    p.add_argument("--no-token-ids", action="store_true", help="do not ask for token ids (non-vLLM servers)")
+    p.add_argument(
+        "--token-ids",
+        action="store_true",
+        help="ask for token ids (exact tokens per chunk, per-token ITL; vLLM only); costs the server some work",
+    )
     p.add_argument("--no-ignore-eos", action="store_true", help="let outputs end at EOS (non-vLLM servers)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -73,7 +77,7 @@ async def bench(args: argparse.Namespace, levels: tuple[LoadLevel, ...], request
         model=args.model,
         ignore_eos=not args.no_ignore_eos,
         request_timeout_s=args.timeout,
-        return_token_ids=not args.no_token_ids,
+        return_token_ids=args.token_ids,
     )
     first = max(1, args.client_processes)
     clients = Clients(first, max(first, args.max_client_processes or first))

@@ -38,8 +38,9 @@ class ReplaySettings:
     ignore_eos: bool = True
     request_timeout_s: float = 600.0
     seed: int = 0
-    # Exact tokens per chunk (vLLM >= 0.10.2). Off: a chunk with text counts as one token, as vllm bench does.
-    return_token_ids: bool = True
+    # Exact tokens per chunk (vLLM >= 0.10.2). Off (the default for measured windows): a chunk with text counts
+    # as one token, as in vllm bench, and the server is measured doing the work a production client asks of it.
+    return_token_ids: bool = False
 
 
 @dataclass(frozen=True)
