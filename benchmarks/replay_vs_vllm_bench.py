@@ -145,7 +145,8 @@ def main() -> int:
     p.add_argument("--num-prompts", type=int, default=160)
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=4, help="alternate the two tools this many times each")
+    p.add_argument("--repeats", type=int, default=6, help="run each tool this many times, the order rotating")
+    p.add_argument("--settle", type=float, default=3.0, help="idle seconds before every run")
     p.add_argument(
         "--pin",
         nargs=2,
@@ -176,18 +177,27 @@ def main() -> int:
         # "auto" binding picks from the allowed CPUs) stay on server_cpus.
         env.update(VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, sorted(server_cpus))), VLLM_CPU_NUM_OF_RESERVED_CPU="0")
         os.sched_setaffinity(0, server_cpus)
-    rows: list[tuple[str, dict]] = []
+    rows: list[tuple[int, str, dict]] = []
     with VllmServer(argv, port=port, log_path=work / "server.log", env=env) as server:
         server.wait_ready(900)
         if client_cpus is not None:
             os.sched_setaffinity(0, client_cpus)  # this process's replay and the vllm bench child it starts
         base = server.base_url
         asyncio.run(our_replay(base, args.model, items[: args.concurrency * 8], args.concurrency))  # warm-up
+        tools = {
+            "replay": lambda rep: asyncio.run(our_replay(base, args.model, items, args.concurrency)),
+            "vllm bench": lambda rep: run_bench(vllm_cli, base, args.model, dataset, args, work / f"b{rep}.json"),
+            "replay, token ids": lambda rep: asyncio.run(
+                our_replay(base, args.model, items, args.concurrency, token_ids=True)
+            ),
+        }
+        names = list(tools)
         for rep in range(args.repeats):
-            rows.append(("replay", asyncio.run(our_replay(base, args.model, items, args.concurrency))))
-            rows.append(("vllm bench", run_bench(vllm_cli, base, args.model, dataset, args, work / f"b{rep}.json")))
-            with_ids = asyncio.run(our_replay(base, args.model, items, args.concurrency, token_ids=True))
-            rows.append(("replay, token ids", with_ids))
+            # The order rotates each repeat and every run starts after the same idle pause: a fixed order let
+            # a slot's position (what ran before it, how long the server idled) pass for a tool's difference.
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                time.sleep(args.settle)
+                rows.append((rep, name, tools[name](rep)))
         time.sleep(11)  # let the server log its last interval's SpecDecoding line
         total = vllm_metrics.spec_decode_delta(vllm_metrics.MetricsSnapshot(), asyncio.run(snapshot(base)), 3)
         log_len, log_lines = log_acceptance(server.log_path.read_text(errors="replace"))
@@ -197,20 +207,18 @@ def main() -> int:
           f"{spec.label()}{pinned}; work dir {work}\n")  # fmt: skip
     print("| run | tool | output tok/s | mean TPOT ms | mean TTFT ms | mean ITL ms | acceptance length | errors |")
     print("|---|---|---|---|---|---|---|---|")
-    per_run = len({t for t, _ in rows})
-    for i, (tool, r) in enumerate(rows):
+    for rep, tool, r in rows:
         acc = r["acceptance_length"]
         print(
-            f"| {i // per_run + 1} | {tool} | {r['output_throughput']:.1f} | {r['mean_tpot_ms']:.2f}"
+            f"| {rep + 1} | {tool} | {r['output_throughput']:.1f} | {r['mean_tpot_ms']:.2f}"
             f" | {r['mean_ttft_ms']:.1f} | {r['mean_itl_ms']:.2f} | {acc:.3f} | {r['errors']} |"
         )
-    tools = list(dict.fromkeys(t for t, _ in rows))
-    med = {t: {k: statistics.median(r[k] for tt, r in rows if tt == t) for k in METRICS} for t in tools}
+    med = {t: {k: statistics.median(r[k] for _, tt, r in rows if tt == t) for k in METRICS} for t in names}
     print()
     print("| tool (median of runs) | output tok/s | mean TPOT ms | ratio to vllm bench: tok/s | TPOT |")
     print("|---|---|---|---|---|")
     ref = med["vllm bench"]
-    for t in tools:
+    for t in names:
         m = med[t]
         print(
             f"| {t} | {m['output_throughput']:.1f} | {m['mean_tpot_ms']:.2f} | "
@@ -218,22 +226,26 @@ def main() -> int:
         )
     print()
     for key in ("output_throughput", "mean_tpot_ms"):
-        paired = [a[key] / b[key] for (ta, a), (tb, b) in zip(rows, rows[1:], strict=False)
-                  if (ta, tb) == ("replay", "vllm bench")]  # fmt: skip
-        print(f"- paired runs, replay / vllm bench, {key}: " + ", ".join(f"{x:.2f}" for x in paired))
-    for t in tools:
-        lengths = sorted({round(r["acceptance_length"], 4) for tt, r in rows if tt == t})
+        for tool in ("replay", "replay, token ids"):
+            by_rep = {(rep, t): r for rep, t, r in rows}
+            paired = [by_rep[rep, tool][key] / by_rep[rep, "vllm bench"][key] for rep in range(args.repeats)]
+            print(f"- paired runs (same repeat), {tool} / vllm bench, {key}: " + ", ".join(f"{x:.2f}" for x in paired))
+    for t in names:
+        lengths = sorted({round(r["acceptance_length"], 4) for _, tt, r in rows if tt == t})
         print(f"- acceptance length, {t}: {lengths}")
-    ids_rows = [r for t, r in rows if t == "replay, token ids" and r.get("decode_events")]
+    ids_rows = [r for _, t, r in rows if t == "replay, token ids" and r.get("decode_events")]
     per_chunk = [round(r["tokens_per_chunk"], 4) for r in ids_rows]
     print(f"- tokens per SSE event after the first, replay with token ids: {per_chunk}")
     for r in ids_rows:
+        # vLLM counts a step's accepted drafts before a stop (max_tokens) trims them from the output, so the
+        # counters exceed what was sent by the trimmed tokens: at most K per request, at the last step.
+        sent = r["decode_tokens"] - r["decode_events"]
         print(
-            f"  - decode tokens - decode events = {r['decode_tokens'] - r['decode_events']}, accepted-token "
-            f"counter {r['accepted_tokens']:.0f}; decode events {r['decode_events']}, decode steps from the "
-            f"counters {r['decode_steps']} (equal at c1, where one event is one step)"
+            f"  - decode tokens - decode events = {sent} accepted tokens sent; the counter {r['accepted_tokens']:.0f}"
+            f" (+{r['accepted_tokens'] - sent:.0f} over {args.num_prompts} requests); decode events "
+            f"{r['decode_events']}, the counters' step estimate {r['decode_steps']}"
         )
-    bench_metrics = sorted({round(r["metrics_acceptance_length"], 4) for t, r in rows if t == "vllm bench"})
+    bench_metrics = sorted({round(r["metrics_acceptance_length"], 4) for _, t, r in rows if t == "vllm bench"})
     print(f"- acceptance length from our /metrics diff over the vllm bench windows: {bench_metrics}")
     print(
         f"- whole run (warm-up included): /metrics counters {total.acceptance_length if total else 0:.4f}; "
