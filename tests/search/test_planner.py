@@ -273,20 +273,31 @@ def test_parallel_asks_wait_for_pending_instead_of_guessing():
     batch = planner.ask_batch(5)
     assert [p.spec.is_off for p in batch][:1] == [True]
     assert len({p.spec.key() for p in batch}) == len(batch)
+    pending = {p.spec.key() for p in batch}
     ref = None
+
+    def more(asked: list) -> list:
+        # never the same config twice while one run of it is pending (a close call re-measures after it)
+        keys = [p.spec.key() for p in asked]
+        assert not pending & set(keys) and len(keys) == len(set(keys))
+        pending.update(keys)
+        return asked
+
     while batch:
         p = batch.pop(0)
         r = engine(TrialSpec(model=ModelRef("m"), spec=p.spec, levels=LEVELS, requests=(), reference_outputs=ref))
         ref = ref or r.reference_outputs
         planner.tell(p.number, r)
-        batch += planner.ask_batch(2)
+        pending.discard(p.spec.key())
+        batch += more(planner.ask_batch(2))
         if not batch and not planner.finished:
             nxt = planner.ask()
             if nxt is not None:
-                batch.append(nxt)
+                batch += more([nxt])
     assert planner.finished and not planner.outcome().best.is_off
     told = [p.spec.key() for p, _ in planner.history() if p.purpose == "search"]
-    assert len(told) == len(set(told))
+    repeats = len(told) - len(set(told))
+    assert repeats <= 2 * len(LEVELS)  # close calls only: at most MAX_SEARCH_REPEATS per level
 
 
 @pytest.mark.parametrize("objective", ["tpot", "goodput"])

@@ -131,7 +131,8 @@ def test_no_schedule_without_confirmation_runs():
     out = planner.outcome()
     assert not [p for p, _ in history if p.purpose == "confirm"]
     assert out.schedule is None and out.best.method is NG
-    assert out.speedup.runs == 1 and out.speedup.mean == pytest.approx(truth(engine, out.best))
+    runs = sum(1 for p, _ in history if p.spec.key() == out.best.key())  # its search run and close-call repeats
+    assert out.speedup.runs == runs and out.speedup.mean == pytest.approx(truth(engine, out.best))
     assert any("confirm_runs is 0" in n for n in out.notes)
 
 
@@ -167,10 +168,9 @@ def test_noise_is_measured_from_confirmation_runs():
     planner = OptunaPlanner(space(), LEVELS, budget=Budget(max_trials=12))
     before = []
     history = run(planner, engine, before_confirm=lambda pl: before.extend(pl.outcome().notes))
-    assert len({p.spec.key() for p, _ in history if p.purpose != "confirm"}) == sum(
-        1 for p, _ in history if p.purpose != "confirm"
-    )  # no repeats in the search
-    assert any("noise taken as 3.0%" in n for n in before)  # nothing repeated yet: the default
+    searched = [p.spec.key() for p, _ in history if p.purpose != "confirm"]
+    # the default until a config has run twice (a close call in the search, or a confirmation)
+    assert any(f"noise taken as {'1.0' if len(set(searched)) < len(searched) else '3.0'}%" in n for n in before)
     assert any("noise taken as 1.0%" in n for n in planner.outcome().notes)
 
 

@@ -62,7 +62,12 @@ def search_speedup(a: Analysis, st: ConfigStats) -> Speedup:
 
 
 def per_level_winners(a: Analysis, records: Sequence[Record]) -> tuple[LevelWinner, ...]:
-    """Best eligible config at each level, read from every trial (search and confirmation)."""
+    """Best eligible static config at each level, read from every trial (search and confirmation).
+
+    A per-range answer is a static config: a schedule is measured once or a few times, as a whole, to judge
+    the all-ranges answer, and one lucky run of it at a level must not outbid the static configs measured
+    and re-measured there (it did, by up to 10% below the level's optimum, on the benchmark's noisy family).
+    """
     stats = a._config_stats(records)
     out = []
     for label in a.labels:
@@ -71,7 +76,7 @@ def per_level_winners(a: Analysis, records: Sequence[Record]) -> tuple[LevelWinn
         scored = [
             (1.0 if st.spec.is_off else st.per_level()[label], st)
             for st in stats.values()
-            if _eligible_at(a, st, label)
+            if st.spec.schedule is None and _eligible_at(a, st, label)
         ]
         if not scored:
             continue

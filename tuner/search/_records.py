@@ -10,6 +10,7 @@ from tuner.domain import FailureClass, Purpose, SpecConfig, TrialResult, TrialSt
 # Failure classes that say nothing about the configuration: the same config is queued again (at most twice).
 RETRYABLE = {FailureClass.INFRA, FailureClass.CANCELLED}
 MAX_RETRIES = 2
+# close-call repeats per level in a search (see policy._close_call)
 MAX_SEARCH_REPEATS = 2
 SEARCH = (Purpose.BASELINE, Purpose.SEARCH)
 
@@ -62,7 +63,11 @@ class ConfigStats:
     diverged: bool = False
 
     def per_level(self) -> dict[str, float]:
-        return {label: statistics.fmean(v) for label, v in self.ratios.items() if v}
+        """Each level's ratio to the baseline: the mean of the runs, their median from three runs on (one slow
+        run, a noisy neighbour or a throttle, must not decide)."""
+        return {
+            label: statistics.median(v) if len(v) >= 3 else statistics.fmean(v) for label, v in self.ratios.items() if v
+        }
 
     @property
     def runs(self) -> int:

@@ -10,17 +10,18 @@
    gain over a level's best measured is run next; its prediction is logged with it, so the band learns how
    wrong the model has been: a model that misses widens it and the search measures more, one that hits
    narrows it and the search stops sooner. Per-range answers are therefore always measured configs.
-4. Two different arms within noise of each other over all levels are each re-measured once (at most twice
-   per search).
+4. Close calls: where a level's best measured config and another are within noise of each other and the
+   other may be better by more than 2%, the one with fewer runs is measured again (``_close_call``).
 5. Otherwise stop, or wait while search trials are pending (their results may change the answer).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tuner.domain import Method, Purpose, SpecConfig
+from tuner.domain import Method, SpecConfig
 from tuner.search._analysis import Analysis
 from tuner.search._predict import Candidate
 from tuner.search._records import MAX_SEARCH_REPEATS, SEARCH, Record
@@ -28,6 +29,12 @@ from tuner.search._records import MAX_SEARCH_REPEATS, SEARCH, Record
 # Two configs within 1% of each other at a level are a tie (vLLM's tune_speculative_k breaks it toward the
 # smaller K): a candidate is worth a launch only if it may beat the level's best by more than that.
 TIE = 0.01
+# A close call at a level (see ``_close_call``): the answer should be within HIT of the level's best, and
+# two configs are told apart once their means differ by CLOSE_Z noise widths; MAX_RUNS runs of a config
+# at most (vLLM's tune_speculative_k measures each point three times).
+HIT = 0.02
+CLOSE_Z = 1.0
+MAX_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -85,9 +92,9 @@ def next_search(
     verify = _verify(a, cands)
     if verify is not None:
         return verify
-    repeat = _repeat(a, records, budget_left)
+    repeat = _close_call(a, records, budget_left)
     if repeat is not None:
-        return Run(repeat, "re-measure: two arms within noise of each other")
+        return repeat
     if any(r.pending and r.purpose in SEARCH for r in records):
         return Wait()
     return Stop(
@@ -163,12 +170,19 @@ def _verify(a: Analysis, cands: list[Candidate]) -> Run | None:
     return Run(c.spec, why, c.per_level)
 
 
-def _repeat(a: Analysis, records: Sequence[Record], budget_left: int) -> SpecConfig | None:
-    """Re-measure where the best configs of two different arms are within noise of each other."""
+def _close_call(a: Analysis, records: Sequence[Record], budget_left: int) -> Run | None:
+    """Re-measure where one noisy run may have picked a level's answer: at a level, the best measured config
+    and another eligible one whose difference is within ``CLOSE_Z`` noise widths of their means' difference
+    (``noise * sqrt(1/n_a + 1/n_b)``) while the other may still be better by more than ``HIT`` (so a true
+    tie does not count). The side with fewer runs runs again (off too: its runs are the baseline's); the
+    config in the most such calls, by level weight, first. At most ``MAX_RUNS`` runs of a config and
+    ``MAX_SEARCH_REPEATS`` repeats per level in a search."""
+    if budget_left <= 0:
+        return None
     repeats = sum(
         1
         for r in records
-        if r.purpose is Purpose.SEARCH
+        if r.purpose in SEARCH
         and r.launched
         and r.spec is not None
         and any(
@@ -177,18 +191,34 @@ def _repeat(a: Analysis, records: Sequence[Record], budget_left: int) -> SpecCon
             if o.purpose in SEARCH and o.launched and o.spec is not None
         )
     )
-    if repeats >= MAX_SEARCH_REPEATS or budget_left <= 0:
+    if repeats >= MAX_SEARCH_REPEATS * len(a.labels):
         return None
-    ranked = a.ranked()
-    if len(ranked) < 2:
+    pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
+    score: dict[str, float] = {}
+    by_key = {st.spec.key(): st for st in a.stats.values()}
+    for label in a.labels:
+        if label in a.undecided:
+            continue
+        scored = [
+            (st.per_level()[label], st)
+            for st in a.stats.values()
+            if st.spec.schedule is None and a.eligible(st) and label in st.per_level()
+        ]
+        if len(scored) < 2:
+            continue
+        best, top = max(scored, key=lambda t: t[0])
+        for value, st in scored:
+            if st is top or value <= 0:
+                continue
+            width = CLOSE_Z * a.noise * math.sqrt(1 / top.runs + 1 / st.runs)
+            if math.log(best / value) >= width - HIT:
+                continue  # separated, or a tie either way
+            fewer = min((top, st), key=lambda s: (s.runs, s.numbers[0]))
+            if fewer.runs >= MAX_RUNS or fewer.spec.key() in pending:
+                continue
+            score[fewer.spec.key()] = score.get(fewer.spec.key(), 0.0) + a.weights.get(label, 0.0)
+    if not score:
         return None
-    first = ranked[0]
-    arm = arm_of(first.spec)[0]
-    second = next((st for st in ranked[1:] if arm_of(st.spec)[0] != arm), None)
-    # two depths of one arm within noise are as good as each other; two arms are worth separating
-    if second is None or a.speedup(first) > a.speedup(second) * (1 + a.noise):
-        return None
-    for st in (first, second):
-        if st.runs < 2 and not st.spec.is_off:
-            return st.spec
-    return None
+    key = max(score, key=lambda k: (score[k], -by_key[k].runs, -by_key[k].numbers[0]))
+    st = by_key[key]
+    return Run(st.spec, f"re-measure: a close call at {score[key]:.0%} of the level weight (run {st.runs + 1})")
