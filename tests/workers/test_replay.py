@@ -46,10 +46,11 @@ def anyio_backend() -> str:
 def test_completion_body_enforces_the_recorded_length() -> None:
     path, body = build_request(COMPLETION, SETTINGS)
     assert path == "/v1/completions"
+    # no token ids by default: vllm bench does not ask for them either
     assert body == {
         "model": "m", "prompt": "p", "max_tokens": 5, "ignore_eos": True, "temperature": 0.7,
         "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip  (no token ids by default: vllm bench does not ask for them either)
+    }  # fmt: skip
 
 
 def test_chat_body_keeps_max_tokens_as_a_cap_only() -> None:
