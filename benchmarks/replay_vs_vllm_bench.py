@@ -67,9 +67,10 @@ async def our_replay(base: str, model: str, items: list[dict], concurrency: int,
     figures = summarize(level, window.records, window.duration_s, slo=SLO())
     sd = vllm_metrics.spec_decode_delta(before, after, 3)
     # The SSE events after the first (the prefill's token). At c1 each is one engine step of one request, and
-    # a step yields 1 + the tokens accepted in it, so with token ids: decode tokens - decode events = the
-    # server's accepted-token counter, and decode events = its decode steps (ngram drafts only where its
-    # n-gram matches, so tokens per event is not the acceptance length, which is per drafted step).
+    # a step yields 1 + the tokens accepted in it, so with token ids decode tokens - decode events are the
+    # accepted tokens sent (the server's counter also holds those a stop trimmed, see main) and decode events
+    # its decode steps (ngram drafts only where its n-gram matches, so tokens per event is not the acceptance
+    # length, which is per drafted step).
     decode = [c.tokens for rec in window.records for c in rec.chunks[1:] if c.tokens > 0]
     return {
         "tokens_per_chunk": sum(decode) / len(decode) if decode and token_ids else None,
@@ -225,9 +226,9 @@ def main() -> int:
             f"{m['output_throughput'] / ref['output_throughput']:.3f} | {m['mean_tpot_ms'] / ref['mean_tpot_ms']:.3f} |"
         )
     print()
+    by_rep = {(rep, t): r for rep, t, r in rows}
     for key in ("output_throughput", "mean_tpot_ms"):
         for tool in ("replay", "replay, token ids"):
-            by_rep = {(rep, t): r for rep, t, r in rows}
             paired = [by_rep[rep, tool][key] / by_rep[rep, "vllm bench"][key] for rep in range(args.repeats)]
             print(f"- paired runs (same repeat), {tool} / vllm bench, {key}: " + ", ".join(f"{x:.2f}" for x in paired))
     for t in names:

@@ -10,7 +10,7 @@ from tuner.domain import FailureClass, Purpose, SpecConfig, TrialResult, TrialSt
 # Failure classes that say nothing about the configuration: the same config is queued again (at most twice).
 RETRYABLE = {FailureClass.INFRA, FailureClass.CANCELLED}
 MAX_RETRIES = 2
-# close-call repeats per level in a search (see policy._close_call)
+# close-call repeats in a search: this many times its number of levels (see policy._close_call)
 MAX_SEARCH_REPEATS = 2
 SEARCH = (Purpose.BASELINE, Purpose.SEARCH)
 

@@ -175,8 +175,8 @@ def _close_call(a: Analysis, records: Sequence[Record], budget_left: int) -> Run
     and another eligible one whose difference is within ``CLOSE_Z`` noise widths of their means' difference
     (``noise * sqrt(1/n_a + 1/n_b)``) while the other may still be better by more than ``HIT`` (so a true
     tie does not count). The side with fewer runs runs again (off too: its runs are the baseline's); the
-    config in the most such calls, by level weight, first. At most ``MAX_RUNS`` runs of a config and
-    ``MAX_SEARCH_REPEATS`` repeats per level in a search."""
+    config in the most such calls, by level weight, first. At most ``MAX_RUNS`` runs of a config, and
+    ``MAX_SEARCH_REPEATS`` times the number of levels repeats in a search."""
     if budget_left <= 0:
         return None
     repeats = sum(

@@ -67,10 +67,10 @@ class RunnerOptions:
     correctness_threshold: float = 0.5  # median common-prefix fraction below this: diverged
     ignore_eos: bool = True  # enforce the sample's recorded output length
     metrics_interval_s: float = 0.5  # gauge sampling period (the issue asks for >= 1 Hz)
-    # Exact tokens per chunk in the measured windows (per-token ITL). Off by default: asking for every token id
-    # is work `vllm bench serve` and production clients do not ask of the API server, and on a server whose API
-    # process shares a core with the engine it cost 12-15% of throughput at c1 (benchmarks/README.md). Off, a
-    # chunk counts as one token, as in vllm bench. The correctness gate always asks for the ids.
+    # Exact tokens per chunk in the measured windows (per-token ITL). Off by default: every token id is work
+    # `vllm bench serve` and production clients do not ask of the API server (on a CPU server the cost was
+    # within run-to-run noise, benchmarks/README.md). Off, a chunk counts as one token, as in vllm bench. The
+    # correctness gate always asks for the ids.
     return_token_ids: bool = False
     extra_env: Mapping[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
