@@ -6,6 +6,12 @@ round trips go through :func:`to_jsonable` / :func:`from_jsonable` so the store 
 the shapes. The public names of its modules are re-exported here: import them from ``tuner.domain``.
 """
 
+from tuner.domain.capabilities import (
+    ADAPTIVE_FIELD,
+    LEGACY_SCHEDULE_FIELD,
+    SCHEDULE_FIELDS,
+    VllmCapabilities,
+)
 from tuner.domain.codec import (
     canonical_json,
     fingerprint,
@@ -95,6 +101,10 @@ from tuner.domain.workload import (
 )
 
 __all__ = [
+    "ADAPTIVE_FIELD",
+    "LEGACY_SCHEDULE_FIELD",
+    "SCHEDULE_FIELDS",
+    "VllmCapabilities",
     "Budget",
     "ConcurrencyRange",
     "CorrectnessReport",

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.domain.capabilities import LEGACY_SCHEDULE_FIELD
 from tuner.domain.spec_config import SpecConfig
 
 
@@ -141,14 +142,17 @@ class ServingConfig:
         return out
 
 
-def serve_argv(model: ModelRef, serving: ServingConfig, spec: SpecConfig) -> list[str]:
+def serve_argv(
+    model: ModelRef, serving: ServingConfig, spec: SpecConfig, *, schedule_field: str = LEGACY_SCHEDULE_FIELD
+) -> list[str]:
     """The one place a configuration becomes ``vllm serve`` arguments: what a trial measures and what a
     recommendation deploys (``vllm serve <these>``).
 
     The model comes first, as ``vllm serve`` takes it (positional); then revision, remote code, the serving
     args, and the speculative config as canonical JSON (sorted keys, no spaces). No speculative config means
     no flag at all: ``num_speculative_tokens: 0``, or K=0 in a schedule, is a configuration, not "off".
-    Runners add only their runtime extras around this (host, port, platform flags).
+    Runners add only their runtime extras around this (host, port, platform flags). A schedule goes under
+    ``schedule_field``, the name the worker's vLLM takes it by (``VllmCapabilities.schedule_field``).
     Strings from the job are checked (:func:`argv_value_problem`, :class:`UnsafeArgument`) and passed as
     ``--flag=value``; the model is positional in ``vllm serve``, so a leading ``-`` is refused outright.
     """
@@ -160,7 +164,7 @@ def serve_argv(model: ModelRef, serving: ServingConfig, spec: SpecConfig) -> lis
     if model.trust_remote_code:
         argv.append("--trust-remote-code")
     argv += serving.to_cli_args()
-    config = spec.to_vllm()
+    config = spec.to_vllm(schedule_field)
     if config is not None:
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"), sort_keys=True)]
     return argv

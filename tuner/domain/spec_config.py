@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.domain.capabilities import LEGACY_SCHEDULE_FIELD, SCHEDULE_FIELDS
 from tuner.domain.codec import canonical_json
 from tuner.domain.methods import Method
 
@@ -42,8 +43,10 @@ class SpecConfig:
         """The drafter this configuration uses, whatever its depth: ``method`` or ``method@draft``."""
         return arm_key(self.method, self.model)
 
-    def to_vllm(self) -> dict[str, Any] | None:
-        """The dict vLLM's ``--speculative-config`` takes, or None for no speculation."""
+    def to_vllm(self, schedule_field: str = LEGACY_SCHEDULE_FIELD) -> dict[str, Any] | None:
+        """The dict vLLM's ``--speculative-config`` takes, or None for no speculation; the schedule under
+        ``schedule_field``, the name the vLLM at hand takes it by (``VllmCapabilities.schedule_field``). Keys,
+        records and recommendations use the name vLLM 0.32-0.34 take."""
         if self.is_off:
             return None
         out: dict[str, Any] = {"method": self.method.value, "num_speculative_tokens": self.num_speculative_tokens}
@@ -54,7 +57,7 @@ class SpecConfig:
         if self.prompt_lookup_max is not None:
             out["prompt_lookup_max"] = self.prompt_lookup_max
         if self.schedule is not None:
-            out["num_speculative_tokens_per_batch_size"] = [list(r) for r in self.schedule]
+            out[schedule_field] = [list(r) for r in self.schedule]
         out.update(self.extra)
         return out
 
@@ -69,8 +72,9 @@ class SpecConfig:
             "model": data.pop("model", None),
             "prompt_lookup_min": data.pop("prompt_lookup_min", None),
             "prompt_lookup_max": data.pop("prompt_lookup_max", None),
-            "schedule": data.pop("num_speculative_tokens_per_batch_size", None),
         }
+        schedules = [data.pop(name) for name in SCHEDULE_FIELDS if name in data]
+        known["schedule"] = schedules[0] if schedules else None
         return cls(**known, extra=data)
 
     def k_at(self, batch_size: int) -> int:

@@ -110,6 +110,13 @@ class RunnerOptions:
         roots = ", ".join(str(Path(r).expanduser().resolve()) for r in self.model_roots)
         return f"{field} {name!r} is a local path outside the worker's model roots ({roots})"
 
+    def probe_python(self) -> str:
+        """The interpreter whose vLLM the servers run: the one beside a console script given as
+        ``vllm_command`` (``.../bin/vllm`` -> ``.../bin/python``), else ``vllm_python`` or the default."""
+        if self.vllm_command and (sibling := Path(self.vllm_command[0]).parent / "python").exists():
+            return str(sibling)
+        return self.vllm_python or default_vllm_python()
+
     def server_command(self) -> list[str]:
         """The argv prefix before the model and flags."""
         if self.vllm_command:

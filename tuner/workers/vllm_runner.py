@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from tuner.domain import (
+    LEGACY_SCHEDULE_FIELD,
     CorrectnessReport,
     Engine,
     Failure,
@@ -35,6 +36,7 @@ from tuner.workers.failures import Observation, Phase, classify
 from tuner.workers.measure import Target, measure_level
 from tuner.workers.options import RunnerOptions
 from tuner.workers.replay import ReplaySettings, Window, make_client, stream_client
+from tuner.workers.vllm_probe import installed_capabilities
 from tuner.workers.vllm_server import (
     ServerExited,
     ServerLaunchError,
@@ -99,6 +101,11 @@ class VllmRunner:
             failure = Failure(FailureClass.UNSUPPORTED, f"environment variables not allowed: {bad_env}")
             return self._result(spec, progress, failure, log_path, None, t0)
 
+        caps = installed_capabilities(opts.probe_python())
+        schedule_field = caps.schedule_field if caps is not None else LEGACY_SCHEDULE_FIELD
+        if spec.spec.schedule and schedule_field is None:
+            reason = f"vLLM {caps.version if caps else ''} has no per-batch-size schedule field"
+            return self._result(spec, progress, Failure(FailureClass.UNSUPPORTED, reason), log_path, None, t0)
         try:
             argv = build_serve_argv(
                 spec.model,
@@ -108,6 +115,7 @@ class VllmRunner:
                 command=opts.server_command(),
                 host=opts.host,
                 extra_args=opts.extra_args,
+                schedule_field=schedule_field or LEGACY_SCHEDULE_FIELD,
             )
         except UnsafeArgument as exc:  # the API refuses these at submit; a library caller may not have
             return self._result(spec, progress, Failure(FailureClass.UNSUPPORTED, str(exc)), log_path, None, t0)

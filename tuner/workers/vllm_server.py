@@ -16,7 +16,7 @@ from types import TracebackType
 
 import httpx
 
-from tuner.domain import ModelRef, ServingConfig, SpecConfig, serve_argv
+from tuner.domain import LEGACY_SCHEDULE_FIELD, ModelRef, ServingConfig, SpecConfig, serve_argv
 from tuner.workers.process_group import kill_process_group, start_gated
 
 
@@ -29,6 +29,7 @@ def build_serve_argv(
     command: Sequence[str],
     host: str = "127.0.0.1",
     extra_args: Sequence[str] = (),
+    schedule_field: str = LEGACY_SCHEDULE_FIELD,
 ) -> list[str]:
     """A trial's server argv: ``command``, the configuration's arguments from :func:`tuner.domain.serve_argv`
     unchanged (exactly what a recommendation deploys), then the runtime extras: host, port, ``extra_args``
@@ -42,7 +43,7 @@ def build_serve_argv(
     return [
         *command,
         *model_flag,
-        *serve_argv(model, serving, spec),
+        *serve_argv(model, serving, spec, schedule_field=schedule_field),
         "--host",
         host,
         "--port",
