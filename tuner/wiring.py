@@ -20,6 +20,7 @@ from tuner.domain import (
     Planner,
     TrafficRequest,
     TrialExecutor,
+    VllmCapabilities,
 )
 from tuner.errors import InvalidInput
 from tuner.job_runner import JobRunner
@@ -88,6 +89,7 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
         # The API checked its own settings; a worker runs the model's code, so it decides for itself too.
         raise InvalidInput("trust_remote_code is not allowed on this worker (TUNER_ALLOW_TRUST_REMOTE_CODE)")
     config = read_model_config(spec.model.name, supplied=spec.model_config, revision=spec.model.revision)
+    capabilities = None
     if spec.engine is Engine.SIMULATED:
         vllm_version = "0.34.0"  # the simulated engine models current vLLM
         hardware = spec.hardware
@@ -95,6 +97,8 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
         report = host_report(settings)
         vllm_version = report.get("vllm_version")
         hardware = spec.hardware if spec.hardware != "auto" else (report.get("hardware") or "auto")
+        if report.get("vllm_capabilities"):
+            capabilities = VllmCapabilities.from_dict(report["vllm_capabilities"])
     space = build_space(
         spec.model.name,
         config,
@@ -105,6 +109,8 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
         drafts={Method(m): list(p) for m, p in spec.drafts.items()} or None,
         compat_overrides={Method(m): allow for m, allow in spec.compat_overrides.items()} or None,
         rules=compat_rules(settings),
+        capabilities=capabilities,
+        data_parallel_size=int(spec.serving.args.get("data_parallel_size", 1)),
     )
     max_num_seqs = spec.serving.args.get("max_num_seqs")
     return OptunaPlanner(

@@ -33,8 +33,8 @@ class VllmCapabilities:
     """
 
     version: str | None
-    methods: frozenset[str]
-    spec_fields: frozenset[str]
+    methods: tuple[str, ...]  # sorted
+    spec_fields: tuple[str, ...]  # sorted
     attention_backends: tuple[str, ...] = ()
     rejection_sample_methods: tuple[str, ...] = ()
     suffix_ready: bool | None = None
@@ -43,8 +43,8 @@ class VllmCapabilities:
     notes: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "methods", frozenset(self.methods))
-        object.__setattr__(self, "spec_fields", frozenset(self.spec_fields))
+        object.__setattr__(self, "methods", tuple(sorted(set(self.methods))))
+        object.__setattr__(self, "spec_fields", tuple(sorted(set(self.spec_fields))))
         object.__setattr__(self, "attention_backends", tuple(self.attention_backends))
         object.__setattr__(self, "rejection_sample_methods", tuple(self.rejection_sample_methods))
         object.__setattr__(self, "notes", tuple(self.notes))
@@ -68,7 +68,7 @@ class VllmCapabilities:
     def unknown_methods(self) -> tuple[str, ...]:
         """Names this vLLM accepts that our method table does not know: reported, never searched."""
         known = {m.value for m in Method}
-        return tuple(sorted(self.methods - known))
+        return tuple(m for m in self.methods if m not in known)
 
     def refusal(self, method: Method) -> str | None:
         """Why this vLLM cannot be asked for ``method``; None when it can (``off`` always can)."""
@@ -84,8 +84,8 @@ class VllmCapabilities:
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,
-            "methods": sorted(self.methods),
-            "spec_fields": sorted(self.spec_fields),
+            "methods": list(self.methods),
+            "spec_fields": list(self.spec_fields),
             "attention_backends": list(self.attention_backends),
             "rejection_sample_methods": list(self.rejection_sample_methods),
             "suffix_ready": self.suffix_ready,
@@ -102,8 +102,8 @@ class VllmCapabilities:
     def from_dict(cls, data: Mapping[str, Any]) -> VllmCapabilities:
         return cls(
             version=data.get("version"),
-            methods=frozenset(data.get("methods") or ()),
-            spec_fields=frozenset(data.get("spec_fields") or ()),
+            methods=tuple(data.get("methods") or ()),
+            spec_fields=tuple(data.get("spec_fields") or ()),
             attention_backends=tuple(data.get("attention_backends") or ()),
             rejection_sample_methods=tuple(data.get("rejection_sample_methods") or ()),
             suffix_ready=data.get("suffix_ready"),

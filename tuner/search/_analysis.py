@@ -22,6 +22,7 @@ from tuner.domain import (
 from tuner.search._predict import Baseline, Candidate, Predictor
 from tuner.search._records import RETRYABLE, SEARCH, ConfigStats, Record
 from tuner.search._space import MethodOptions, SearchSpace
+from tuner.search.compat import BATCH_SCHEDULE
 from tuner.search.cost_model import (
     in_flight,
     out_per_request,
@@ -343,8 +344,12 @@ class Analysis:
             return None, 0.0, {}, ["no schedule: some levels are not closed-loop concurrencies"]
         static = self.schedule_arm()
         opt = self.option_of(static.spec) if static is not None else None
+        if self.space.schedule_refusal is not None:
+            return None, 0.0, {}, [f"no schedule: {self.space.schedule_refusal}"]
         if opt is not None and not opt.method.supports_batch_schedule:
             return None, 0.0, {}, [f"no schedule: vLLM takes no per-batch-size K for {opt.method.value}"]
+        if opt is not None and (refusal := self.space.option_refusal(opt.method, BATCH_SCHEDULE)) is not None:
+            return None, 0.0, {}, [f"no schedule: {refusal}"]
         if opt is None or opt.key in self.excluded_arms:
             return None, 0.0, {}, []
         lookup = (static.spec.prompt_lookup_min, static.spec.prompt_lookup_max) if opt.lookups else None

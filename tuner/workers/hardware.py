@@ -439,12 +439,17 @@ def vllm_version_in(python: str, run: Run = subprocess.run) -> str | None:
 @functools.cache
 def worker_host_report(vllm_python: str | None = None) -> dict[str, Any]:
     """What a local worker reports of this host (``host_report`` as a dict, plus ``hardware``: the family, "cpu"
-    without GPUs, None when they are mixed), with vLLM's version from ``vllm_python`` when given. Probed once
+    without GPUs, None when they are mixed, and ``vllm_capabilities``, the speculative-decoding surface read
+    from its vLLM's source), with vLLM's version from ``vllm_python`` when given. Probed once
     per process and ``vllm_python``: the probes start subprocesses, vLLM's import takes seconds."""
+    from tuner.workers.options import default_vllm_python
+    from tuner.workers.vllm_probe import capabilities_report
+
     probe = functools.partial(vllm_version_in, vllm_python) if vllm_python else probe_vllm_version
     report = host_report(vllm_version_probe=probe)
     data = report.to_dict()
     data.setdefault("hardware", report.family())
+    data["vllm_capabilities"] = capabilities_report(vllm_python or default_vllm_python())
     return data
 
 

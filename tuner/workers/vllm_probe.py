@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from tuner.domain.capabilities import VllmCapabilities
 
@@ -67,8 +68,8 @@ def probe_source(vllm_dir: str | Path, *, arctic_inference: bool | None = None) 
     backends = _enum_members(ast.parse(backend_path.read_text()), "AttentionBackendEnum") if backend_path else ()
     return VllmCapabilities(
         version=_version(root),
-        methods=frozenset(methods),
-        spec_fields=frozenset(fields),
+        methods=tuple(methods),
+        spec_fields=tuple(fields),
         attention_backends=backends,
         rejection_sample_methods=tuple(sorted(literals.get("RejectionSampleMethod", ()))),
         suffix_ready=suffix_ready,
@@ -208,3 +209,9 @@ def installed_capabilities(python: str | None = None) -> VllmCapabilities | None
     except ProbeError as exc:
         log.warning("vLLM's capabilities could not be read: %s", exc)
         return None
+
+
+def capabilities_report(python: str | None = None) -> dict[str, Any] | None:
+    """What a worker adds to its hardware report: :func:`installed_capabilities` as a dict, or None."""
+    caps = installed_capabilities(python)
+    return caps.to_dict() if caps is not None else None

@@ -22,6 +22,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from tuner.domain import parse_version
 from tuner.workers.hardware import canonical_family, family_of_ray_type, host_report
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,12 @@ def cluster_has(address: str | None, hardware: str) -> bool:
 
 
 def _probe_node() -> dict[str, Any]:
-    return host_report().to_dict()
+    from tuner.workers.options import default_vllm_python
+    from tuner.workers.vllm_probe import capabilities_report
+
+    data = host_report().to_dict()
+    data["vllm_capabilities"] = capabilities_report(default_vllm_python())
+    return data
 
 
 _remote_probe = ray.remote(num_cpus=0, max_retries=0)(_probe_node)
@@ -126,7 +132,8 @@ def cluster_report(
     Per node: chip family, Ray accelerator types, GPU count, and, when ``probe`` runs a zero-CPU task on the
     node within ``timeout_s``, GPU memory, driver and vLLM version as the node detects them (None where
     unknown). At the top: ``hardware`` (the family when the cluster has one, else None), ``families``,
-    ``gpu_count``, and the newest ``vllm_version`` and ``driver`` the nodes report.
+    ``gpu_count``, and the newest ``vllm_version``, ``driver`` and ``vllm_capabilities`` (the probed
+    speculative-decoding surface, ``tuner.workers.vllm_probe``) the nodes report.
     """
     nodes = [n for n in cluster_nodes() if n.gpus_total > 0]
     found = _probe_nodes(nodes, timeout_s, runtime_env) if probe else {}
@@ -144,6 +151,7 @@ def cluster_report(
                 "memory_mib": max(memory) if memory else None,  # per GPU
                 "driver": data.get("driver"),
                 "vllm_version": data.get("vllm_version"),
+                "vllm_capabilities": data.get("vllm_capabilities"),
             }
         )
     families = sorted({f for n in nodes for f in n.families})
@@ -155,6 +163,12 @@ def cluster_report(
         "gpu_count": sum(e["gpu_count"] for e in entries),
         "vllm_version": _newest(e["vllm_version"] for e in entries),
         "driver": _newest(e["driver"] for e in entries),
+        # the newest vLLM's: what a job's space is built for (its compat rules follow that version)
+        "vllm_capabilities": max(
+            (e["vllm_capabilities"] for e in entries if e["vllm_capabilities"]),
+            key=lambda c: parse_version(c.get("version")),
+            default=None,
+        ),
         "nodes": entries,
     }
 
