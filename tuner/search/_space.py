@@ -263,7 +263,7 @@ def build_space(
     if capabilities is not None and capabilities.unknown_methods:
         aliases = [m for m in capabilities.unknown_methods if m.endswith("_mtp")]
         others = [m for m in capabilities.unknown_methods if not m.endswith("_mtp")]
-        listed = [*others, *([f"{len(aliases)} model-specific *_mtp aliases ({', '.join(aliases)})"] if aliases else [])]
+        listed = others + ([f"{len(aliases)} model-specific *_mtp aliases ({', '.join(aliases)})"] if aliases else [])
         notes.append(
             f"vLLM {capabilities.version or ''} accepts method names the method table does not know (reported, "
             f"never searched): {'; '.join(listed)}"
