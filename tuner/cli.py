@@ -141,7 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--budget", type=int, default=16)
     m.set_defaults(func=cmd_demo)
 
+    from tuner import space_cli
     from tuner.workers import bench_cli, trial_cli
+
+    space = space_cli.register(sub)
+    space.set_defaults(func=space_cli.run)
 
     trial = trial_cli.register(sub)
     trial.set_defaults(func=lambda a, _s: trial_cli.run(a))
