@@ -45,8 +45,10 @@ def test_space_for_a_job_file_on_a_probed_vllm(tmp_path: Path) -> None:
     assert report["vllm_version"] == "0.34.0" and report["hardware"] == "mi355x"
     assert report["capabilities"].startswith("probed from") and report["config_json"] == "read"
     arms = {a["arm"]: a for a in report["offered"]}
-    assert set(arms) == {"off", "ngram", "dflash@org/dflash-llama", "dspark"}
-    assert arms["dspark"]["options"]["adaptive_verification"] is None  # allowed for dspark on 0.34
+    # adaptive verification is allowed for dspark on 0.34: an arm of its own beside fixed K
+    assert set(arms) == {"off", "ngram", "dflash@org/dflash-llama", "dspark", "dspark+adaptive"}
+    assert arms["dspark"]["options"]["adaptive_verification"] is None
+    assert arms["dspark+adaptive"]["depths"] == arms["dspark"]["depths"]
     assert "no compat rule" in arms["ngram"]["options"]["adaptive_verification"]
     assert "data parallelism" in report["schedule_refused"]
     assert "extract_hidden_states" in report["unknown_methods"]

@@ -125,6 +125,7 @@ def describe(space: Any, *, origin: str, config_found: bool) -> dict[str, Any]:
             {
                 "arm": o.key,
                 "method": o.method.value,
+                "adaptive": o.adaptive,
                 "draft": o.draft,
                 "source": o.source,
                 "depths": list(o.depths),

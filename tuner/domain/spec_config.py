@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.domain.capabilities import LEGACY_SCHEDULE_FIELD, SCHEDULE_FIELDS
+from tuner.domain.capabilities import ADAPTIVE_FIELD, LEGACY_SCHEDULE_FIELD, SCHEDULE_FIELDS
 from tuner.domain.codec import canonical_json
 from tuner.domain.methods import Method
 
@@ -39,9 +39,15 @@ class SpecConfig:
         return self.method is Method.OFF
 
     @property
+    def adaptive(self) -> bool:
+        """vLLM sizes the verification budget per request at run time (``enable_adaptive_verification``)."""
+        return bool(self.extra.get(ADAPTIVE_FIELD))
+
+    @property
     def arm(self) -> str:
-        """The drafter this configuration uses, whatever its depth: ``method`` or ``method@draft``."""
-        return arm_key(self.method, self.model)
+        """The drafter this configuration uses, whatever its depth: ``method`` or ``method@draft``, with
+        ``+adaptive`` under adaptive verification (its own arm: its cost and acceptance differ)."""
+        return arm_key(self.method, self.model, adaptive=self.adaptive)
 
     def to_vllm(self, schedule_field: str = LEGACY_SCHEDULE_FIELD) -> dict[str, Any] | None:
         """The dict vLLM's ``--speculative-config`` takes, or None for no speculation; the schedule under
@@ -99,12 +105,16 @@ class SpecConfig:
             parts.append(f"lookup={self.prompt_lookup_min}-{self.prompt_lookup_max}")
         if self.schedule:
             parts.append("schedule=" + ",".join(f"{a}-{b}:{k}" for a, b, k in self.schedule))
+        if self.adaptive:
+            parts.append("adaptive")
         return " ".join(parts)
 
     def key(self) -> str:
         return canonical_json(self.to_vllm())
 
 
-def arm_key(method: Method, draft: str | None) -> str:
-    """One arm per drafter: the method alone, or ``method@draft`` for a method that loads a checkpoint."""
-    return method.value if draft is None else f"{method.value}@{draft}"
+def arm_key(method: Method, draft: str | None, *, adaptive: bool = False) -> str:
+    """One arm per drafter: the method alone, or ``method@draft`` for a method that loads a checkpoint;
+    ``+adaptive`` when vLLM's adaptive verification is on."""
+    key = method.value if draft is None else f"{method.value}@{draft}"
+    return f"{key}+adaptive" if adaptive else key

@@ -350,6 +350,8 @@ class Analysis:
             return None, 0.0, {}, [f"no schedule: vLLM takes no per-batch-size K for {opt.method.value}"]
         if opt is not None and (refusal := self.space.option_refusal(opt.method, BATCH_SCHEDULE)) is not None:
             return None, 0.0, {}, [f"no schedule: {refusal}"]
+        if opt is not None and opt.adaptive:
+            return None, 0.0, {}, ["no schedule: adaptive verification sizes the verification budget itself"]
         if opt is None or opt.key in self.excluded_arms:
             return None, 0.0, {}, []
         lookup = (static.spec.prompt_lookup_min, static.spec.prompt_lookup_max) if opt.lookups else None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.domain import (
+    ADAPTIVE_FIELD,
     DEFAULT_DEPTH_RANGE,
     DRAFT_METHODS,
     LEGACY_SCHEDULE_FIELD,
@@ -46,6 +48,7 @@ class MethodOptions:
     source: str = "builtin"  # builtin | request | catalog | target
     verified: bool | None = None  # catalog drafts: confirmed by a real run
     source_url: str | None = None
+    adaptive: bool = False  # vLLM's adaptive verification (enable_adaptive_verification): its own arm
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
@@ -54,11 +57,12 @@ class MethodOptions:
 
     @property
     def key(self) -> str:
-        return arm_key(self.method, self.draft)
+        return arm_key(self.method, self.draft, adaptive=self.adaptive)
 
     @property
     def fixed_length(self) -> bool:
-        return self.method.fixed_length
+        """Every step verifies exactly k tokens: false under adaptive verification, which trims per request."""
+        return self.method.fixed_length and not self.adaptive
 
     def spec(self, depth: int, lookup: tuple[int, int] | None = None) -> SpecConfig:
         if self.method is Method.OFF:
@@ -70,6 +74,7 @@ class MethodOptions:
             model=self.draft,
             prompt_lookup_min=lo,
             prompt_lookup_max=hi,
+            extra={ADAPTIVE_FIELD: True} if self.adaptive else {},
         )
 
     def specs(self) -> Iterator[SpecConfig]:
@@ -125,7 +130,7 @@ class SearchSpace:
         return next((o for o in self.options if o.key == key), None)
 
     def option_for(self, spec: SpecConfig) -> MethodOptions | None:
-        return next((o for o in self.options if o.method is spec.method and o.draft == spec.model), None)
+        return next((o for o in self.options if o.key == spec.arm), None)
 
     def option_refusal(self, method: Method, option: str) -> str | None:
         """Why ``method`` may not use ``option`` in this space (None: it may, or nothing was decided)."""
@@ -278,6 +283,10 @@ def build_space(
             if reason is None and option == BATCH_SCHEDULE:
                 reason = schedule_refusal
             verdicts.append(OptionVerdict(method, option, reason))
+    # Adaptive verification where allowed: an arm of its own beside each fixed-K arm of the method, so one
+    # study compares fixed K, the per-batch schedule and adaptive, and may deploy any of them.
+    adaptive_ok = {v.method for v in verdicts if v.option == ADAPTIVE and v.allowed}
+    options += [dataclasses.replace(o, adaptive=True) for o in list(options) if o.method in adaptive_ok]
     return SearchSpace(
         model=model,
         options=tuple(options),
