@@ -42,6 +42,17 @@ _ASSISTANT_MTP = (0.80, 0.93)  # no public figure yet: between EAGLE-3 and a nat
 _MTP_REUSE_DECAY = 0.8  # a reused MTP head loses ~20% conditional acceptance per extra position
 _EAGER_FIXED = 1.5  # enforce_eager: no CUDA graphs, launch-bound fixed costs
 
+# Adaptive verification (enable_adaptive_verification): an ASSUMPTION, not vLLM's algorithm. Each request
+# verifies a share of its k drafted tokens that falls as the batch fills, ranked by confidence, so the
+# tokens it drops were mostly going to be rejected; a per-step cost for the confidence pass. Calibrated to
+# the one public comparison (vLLM #52362, DSpark K=7 on DeepSeek-V4-Flash, MI350X; docs/published-figures.md):
+# adaptive / fixed = 0.933 at c4, 1.061 at c64, 1.705 at c256. Fitted on the deepseek-v3-mtp profile (chat):
+# 0.942, 1.061, 1.667 (a grid over the four constants below, least squares in log ratio).
+ADAPTIVE_HALF_BATCH = 100.0  # batch at which half of the k drafted tokens are verified
+ADAPTIVE_SHARPNESS = 3.0  # how fast the verified share falls around that batch
+ADAPTIVE_KEPT_TAIL = 0.7  # share of the dropped positions' accepted tokens the confidence ranking keeps
+ADAPTIVE_STEP_COST = 0.11  # confidence estimate per step, as a share of the step without speculation
+
 
 def _clip(a: float) -> float:
     return min(0.97, max(0.02, a))
@@ -121,6 +132,17 @@ def accepted_tokens(acc: tuple[float, ...]) -> float:
     return total
 
 
+def accepted_prefix(acc: tuple[float, ...], positions: float) -> float:
+    """Expected accepted tokens when only the first ``positions`` (fractional) are verified."""
+    total, surv = 0.0, 1.0
+    for i, a in enumerate(acc):
+        if i >= positions:
+            break
+        surv *= a
+        total += surv * min(1.0, positions - i)
+    return total
+
+
 def suffix_reach(workload: WorkloadProfile) -> float:
     """P(a suffix proposal extends one more position): longer matched spans on repetitive traffic."""
     return 0.55 + 0.4 * workload.ngram_match
@@ -186,7 +208,14 @@ def step(
         proposed = sum(suffix_reach(workload) ** i for i in range(k))
     else:
         proposed = float(k)
-    tau = 1.0 + m * accepted_tokens(acc)
+    accepted = accepted_tokens(acc)
+    if spec.adaptive:
+        verified = max(1.0, proposed / (1.0 + (b / ADAPTIVE_HALF_BATCH) ** ADAPTIVE_SHARPNESS))
+        kept = accepted_prefix(acc, verified)
+        accepted = kept + ADAPTIVE_KEPT_TAIL * (accepted - kept)
+        overhead += ADAPTIVE_STEP_COST * base
+        proposed = verified
+    tau = 1.0 + m * accepted
     extra = b * m * proposed
     routed = b + (1.0 - model.expert_locality) * extra
     verify = target_ms(model, b + extra, b * ctx, routed, eager)
