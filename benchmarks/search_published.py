@@ -44,6 +44,7 @@ class PublishedArm:
     proposal_rate: float = 1.0  # P(a step proposes), below 1 for ngram
     draft: str | None = None
     source: str = ""
+    adaptive: bool = False  # measured with vLLM's adaptive verification (its own arm)
 
     def tau(self, k: int) -> float:
         surv, total = 1.0, 0.0
@@ -78,7 +79,9 @@ class PublishedEngine:
     _calls: itertools.count = field(default_factory=itertools.count)
 
     def arm(self, spec: SpecConfig) -> PublishedArm | None:
-        return next((a for a in self.arms if a.method is spec.method and a.draft == spec.model), None)
+        return next(
+            (a for a in self.arms if (a.method, a.draft, a.adaptive) == (spec.method, spec.model, spec.adaptive)), None
+        )
 
     def expected_speedup(self, spec: SpecConfig, level: LoadLevel) -> float:
         if spec.is_off:
@@ -204,6 +207,12 @@ MTP_DSV3_MI300X = (
         _MTP1,
         source="ROCm-MTP, 8xMI300X SGLang",
     ),
+)
+# DSpark blocks: a_1 ~0.8, survival ~5% at position 7 (docs/published-figures.md, "Ranges for a simulator").
+_DSPARK = (0.80, 0.75, 0.70, 0.66, 0.62, 0.58, 0.55, 0.52, 0.50, 0.48)
+DSPARK_DSV4_MI350X = (
+    PublishedArm(Method.DSPARK, 7, {4: 2.54, 64: 1.64, 256: 0.88}, _DSPARK, source="V52362, fixed K=7"),
+    PublishedArm(Method.DSPARK, 7, {4: 2.37, 64: 1.74, 256: 1.50}, _DSPARK, source="V52362, adaptive", adaptive=True),
 )
 E31_KIMI_GB200 = (
     PublishedArm(

@@ -305,4 +305,10 @@ def scenarios() -> list[Scenario]:
         _published(
             "published-e31-kimi-gb200", "EAGLE-3.1, Kimi-K2.6, GB200 TP4 (E31), c1/4/16", pub.E31_KIMI_GB200, (1, 4, 16)
         ),
+        _published(
+            "published-dspark-adaptive-mi350x",
+            "DSpark fixed K vs adaptive verification, DeepSeek-V4-Flash, MI350X (V52362), c4/64/256",
+            pub.DSPARK_DSV4_MI350X,
+            (4, 64, 256),
+        ),
     ]
