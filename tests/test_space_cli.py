@@ -35,8 +35,8 @@ def test_space_for_a_job_file_on_a_probed_vllm(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(LLAMA))
     job = tmp_path / "job.json"
-    body = {"methods": ["ngram", "dflash", "dspark"], "drafts": {"dflash": ["org/dflash-llama"]}}
-    job.write_text(json.dumps({**body, "serving": {"args": {"data_parallel_size": 2}}}))
+    search = {"methods": ["ngram", "dflash", "dspark"], "drafts": {"dflash": ["org/dflash-llama"]}}
+    job.write_text(json.dumps({"search": search, "serving": {"args": {"data_parallel_size": 2}}}))
     python = fake_python(tmp_path, "0.34.0")
     args = ["--model", "org/llama", "--config", str(config), "--job", str(job), "--hardware", "mi355x"]
     out = space(*args, "--vllm-python", str(python), "--json", tmp_path=tmp_path)

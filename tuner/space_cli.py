@@ -52,7 +52,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except RuntimeError as exc:
         print(f"tuner space: {exc}", file=sys.stderr)
         return 2
-    methods = args.methods or job.get("methods")
+    search = job.get("search") or {}
+    methods = args.methods or search.get("methods")
     serving = (job.get("serving") or {}).get("args") or {}
     space = build_space(
         args.model,
@@ -60,9 +61,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         hardware=hardware,
         vllm_version=capabilities.version if capabilities else None,
         methods=[Method(m) for m in methods] if methods else None,
-        depth_range=tuple(job["depth_range"]) if job.get("depth_range") else None,  # type: ignore[arg-type]
-        drafts={Method(m): list(d) for m, d in (job.get("drafts") or {}).items()} or None,
-        compat_overrides={Method(m): v for m, v in (job.get("compat_overrides") or {}).items()} or None,
+        depth_range=tuple(search["depth_range"]) if search.get("depth_range") else None,  # type: ignore[arg-type]
+        drafts={Method(m): list(d) for m, d in (search.get("drafts") or {}).items()} or None,
+        compat_overrides={Method(m): v for m, v in (search.get("compat_overrides") or {}).items()} or None,
         rules=compat_rules(settings),
         capabilities=capabilities,
         data_parallel_size=int(serving.get("data_parallel_size", 1)),
