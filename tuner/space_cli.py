@@ -46,7 +46,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(f"tuner space: {exc}", file=sys.stderr)
         return 2
     if config is None:
-        config = read_model_config(args.model, supplied=job.get("model_config"))
+        config = read_model_config(args.model, supplied=job.get("hf_config"))
     try:
         capabilities, hardware, origin = _capabilities(args)
     except RuntimeError as exc:

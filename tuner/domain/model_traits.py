@@ -44,6 +44,7 @@ class ModelTraits:
     experts_per_token: int | None = None
     hidden_size: int | None = None
     num_layers: int | None = None
+    mla: bool = False  # multi-head latent attention (DeepSeek, Kimi): MLA attention backends
 
 
 def model_traits(config: Mapping[str, Any], model: str | None = None) -> ModelTraits:
@@ -76,6 +77,8 @@ def model_traits(config: Mapping[str, Any], model: str | None = None) -> ModelTr
         experts_per_token=topk,
         hidden_size=get("hidden_size"),
         num_layers=get("num_hidden_layers"),
+        # vLLM 0.32's is_deepseek_mla: a DeepSeek-style model_type with a latent KV rank (most carry one)
+        mla=isinstance(get("kv_lora_rank"), int) and get("kv_lora_rank") > 0,
     )
 
 

@@ -44,10 +44,24 @@ class SpecConfig:
         return bool(self.extra.get(ADAPTIVE_FIELD))
 
     @property
+    def drafter_backend(self) -> str | None:
+        """The drafter's attention backend (``speculative_config.attention_backend``); None: vLLM's choice."""
+        value = self.extra.get("attention_backend")
+        return str(value) if value else None
+
+    def serve_env(self) -> dict[str, str]:
+        """Environment this configuration needs on top of the job's: AITER backends run only with
+        ``VLLM_ROCM_USE_AITER=1`` (which also switches other ROCm kernels to AITER: set it in the job's
+        serving env to keep the target's kernels the same across arms)."""
+        backend = self.drafter_backend or ""
+        return {"VLLM_ROCM_USE_AITER": "1"} if backend.startswith("ROCM_AITER") else {}
+
+    @property
     def arm(self) -> str:
         """The drafter this configuration uses, whatever its depth: ``method`` or ``method@draft``, with
-        ``+adaptive`` under adaptive verification (its own arm: its cost and acceptance differ)."""
-        return arm_key(self.method, self.model, adaptive=self.adaptive)
+        ``+adaptive`` under adaptive verification and ``~BACKEND`` on a chosen drafter attention backend
+        (arms of their own: their cost and acceptance differ)."""
+        return arm_key(self.method, self.model, adaptive=self.adaptive, backend=self.drafter_backend)
 
     def to_vllm(self, schedule_field: str = LEGACY_SCHEDULE_FIELD) -> dict[str, Any] | None:
         """The dict vLLM's ``--speculative-config`` takes, or None for no speculation; the schedule under
@@ -113,8 +127,9 @@ class SpecConfig:
         return canonical_json(self.to_vllm())
 
 
-def arm_key(method: Method, draft: str | None, *, adaptive: bool = False) -> str:
+def arm_key(method: Method, draft: str | None, *, adaptive: bool = False, backend: str | None = None) -> str:
     """One arm per drafter: the method alone, or ``method@draft`` for a method that loads a checkpoint;
-    ``+adaptive`` when vLLM's adaptive verification is on."""
+    ``+adaptive`` when vLLM's adaptive verification is on, ``~BACKEND`` for the drafter's attention backend."""
     key = method.value if draft is None else f"{method.value}@{draft}"
-    return f"{key}+adaptive" if adaptive else key
+    key = f"{key}+adaptive" if adaptive else key
+    return f"{key}~{backend}" if backend else key

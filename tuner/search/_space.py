@@ -24,11 +24,14 @@ from tuner.domain import (
 from tuner.search.catalog import DEFAULT_CATALOG, DraftCatalog
 from tuner.search.compat import (
     ADAPTIVE,
+    ATTENTION_BACKEND,
     BATCH_SCHEDULE,
     DEFAULT_RULES,
     CompatOverrides,
     CompatRule,
+    drafter_backends,
     excluded_reason,
+    is_amd,
     option_refusal,
 )
 from tuner.search.model_config import ModelTraits, model_traits
@@ -49,6 +52,7 @@ class MethodOptions:
     verified: bool | None = None  # catalog drafts: confirmed by a real run
     source_url: str | None = None
     adaptive: bool = False  # vLLM's adaptive verification (enable_adaptive_verification): its own arm
+    drafter_backend: str | None = None  # speculative_config.attention_backend (None: vLLM's choice)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
@@ -57,7 +61,7 @@ class MethodOptions:
 
     @property
     def key(self) -> str:
-        return arm_key(self.method, self.draft, adaptive=self.adaptive)
+        return arm_key(self.method, self.draft, adaptive=self.adaptive, backend=self.drafter_backend)
 
     @property
     def fixed_length(self) -> bool:
@@ -74,7 +78,10 @@ class MethodOptions:
             model=self.draft,
             prompt_lookup_min=lo,
             prompt_lookup_max=hi,
-            extra={ADAPTIVE_FIELD: True} if self.adaptive else {},
+            extra={
+                **({ADAPTIVE_FIELD: True} if self.adaptive else {}),
+                **({"attention_backend": self.drafter_backend} if self.drafter_backend else {}),
+            },
         )
 
     def specs(self) -> Iterator[SpecConfig]:
@@ -162,6 +169,7 @@ def build_space(
     rules: Sequence[CompatRule] = DEFAULT_RULES,
     capabilities: VllmCapabilities | None = None,
     data_parallel_size: int = 1,
+    attention_backends: str | Mapping[Method, str] | None = None,
 ) -> SearchSpace:
     """The search space for ``model`` from its config, the request's drafts and the built-in catalog.
 
@@ -178,6 +186,10 @@ def build_space(
     does not know are listed in ``notes``, never searched. Options of each offered method (adaptive
     verification, the per-batch-size schedule) get a verdict from the compat table and the capabilities;
     no schedule at all with data parallelism > 1 (vLLM turns it off there).
+
+    ``attention_backends="search"`` on an AMD chip adds, beside each drafter arm on vLLM's default backend,
+    one arm per ROCm backend the compat table lists for the chip and the model's attention (MLA or not),
+    the drafter on it (``speculative_config.attention_backend``); a mapping pins one backend per method.
     """
     traits = model_traits(config, model) if config else None
     catalog = DEFAULT_CATALOG if catalog is None else catalog
@@ -287,6 +299,10 @@ def build_space(
     # study compares fixed K, the per-batch schedule and adaptive, and may deploy any of them.
     adaptive_ok = {v.method for v in verdicts if v.option == ADAPTIVE and v.allowed}
     options += [dataclasses.replace(o, adaptive=True) for o in list(options) if o.method in adaptive_ok]
+    if attention_backends is not None:
+        options = _with_backends(
+            options, attention_backends, hardware, vllm_version, traits, capabilities, rules, verdicts, notes
+        )
     return SearchSpace(
         model=model,
         options=tuple(options),
@@ -300,3 +316,47 @@ def build_space(
         schedule_refusal=schedule_refusal,
         option_verdicts=tuple(verdicts),
     )
+
+
+def _with_backends(
+    options: list[MethodOptions],
+    wanted: str | Mapping[Method, str],
+    hardware: str,
+    vllm_version: str | None,
+    traits: ModelTraits | None,
+    capabilities: VllmCapabilities | None,
+    rules: Sequence[CompatRule],
+    verdicts: list[OptionVerdict],
+    notes: list[str],
+) -> list[MethodOptions]:
+    """The drafter arms on the backends asked for (``"search"``: every one the chip's list allows)."""
+    if capabilities is not None and not capabilities.drafter_attention_backend:
+        notes.append(f"vLLM {capabilities.version} has no speculative_config.attention_backend: not searched")
+        return options
+    if wanted == "search" and not is_amd(hardware):
+        notes.append(f"drafter attention backends are searched on AMD chips only; {hardware} keeps vLLM's choice")
+        return options
+    available = capabilities.attention_backends if capabilities is not None else ()
+    mla = bool(traits and traits.mla)
+    out: list[MethodOptions] = []
+    decided: set[Method] = set()
+    for o in options:
+        if o.method.traits.draft is DraftNeed.NONE:
+            out.append(o)
+            continue
+        if isinstance(wanted, Mapping):  # pinned: the job's choice, checked only against what vLLM has
+            backend = wanted.get(o.method)
+            if backend and available and backend not in available:
+                verdicts.append(OptionVerdict(o.method, f"{ATTENTION_BACKEND}:{backend}", f"vLLM has no {backend}"))
+                backend = None
+            out.append(dataclasses.replace(o, drafter_backend=backend) if backend else o)
+            continue
+        keep, dropped = drafter_backends(
+            o.method, hardware=hardware, vllm_version=vllm_version, mla=mla, available=available, rules=rules
+        )
+        out += [o, *(dataclasses.replace(o, drafter_backend=b) for b in keep)]
+        if o.method not in decided:
+            decided.add(o.method)
+            verdicts += [OptionVerdict(o.method, f"{ATTENTION_BACKEND}:{b}") for b in keep]
+            verdicts += [OptionVerdict(o.method, f"{ATTENTION_BACKEND}:{b}", why) for b, why in dropped]
+    return out

