@@ -67,10 +67,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         rules=compat_rules(settings),
         capabilities=capabilities,
         data_parallel_size=int(serving.get("data_parallel_size", 1)),
+        attention_backends=_backends(search.get("attention_backends")),
     )
     report = describe(space, origin=origin, config_found=config is not None)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
+
+
+def _backends(value: Any) -> str | dict[Method, str] | None:
+    return {Method(m): b for m, b in value.items()} if isinstance(value, dict) else value
 
 
 def _capabilities(args: argparse.Namespace) -> tuple[VllmCapabilities | None, str, str]:

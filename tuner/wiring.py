@@ -6,7 +6,7 @@ This is the one module that knows all the packages; api, search, workers and sto
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +108,11 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
         depth_range=spec.depth_range,
         drafts={Method(m): list(p) for m, p in spec.drafts.items()} or None,
         compat_overrides={Method(m): allow for m, allow in spec.compat_overrides.items()} or None,
+        attention_backends=(
+            {Method(m): b for m, b in spec.attention_backends.items()}
+            if isinstance(spec.attention_backends, Mapping)
+            else spec.attention_backends
+        ),
         rules=compat_rules(settings),
         capabilities=capabilities,
         data_parallel_size=int(spec.serving.args.get("data_parallel_size", 1)),

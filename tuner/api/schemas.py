@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -56,6 +56,10 @@ class BudgetIn(Strict):
         return Budget(**self.model_dump())
 
 
+SearchBackends = Literal["search"]
+BackendName = Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]{0,63}$")]  # an AttentionBackendEnum member
+
+
 class SearchIn(Strict):
     methods: list[Method] | None = Field(
         default=None, min_length=1, max_length=len(Method), description="Restrict the search to these."
@@ -72,11 +76,29 @@ class SearchIn(Strict):
         "true runs a method the table excludes, false excludes one it allows.",
     )
 
+    attention_backends: SearchBackends | dict[Method, BackendName] | None = Field(
+        default=None,
+        description="AMD chips: the drafters' attention backend (speculative_config.attention_backend). "
+        '"search" tries each ROCm backend the compat table lists for the chip beside vLLM\'s default and '
+        "drops one whose acceptance collapses (below 60% of another backend's); a mapping pins one per "
+        'method, e.g. {"eagle3": "ROCM_AITER_UNIFIED_ATTN"}. AITER backends run with '
+        "VLLM_ROCM_USE_AITER=1; set it in serving.env to keep the target's kernels the same across arms.",
+    )
+
     @field_validator("depth_range")
     @classmethod
     def _range(cls, v: tuple[int, int] | None) -> tuple[int, int] | None:
         if v is not None and not (1 <= v[0] <= v[1] <= 32):
             raise ValueError("depth_range must satisfy 1 <= min <= max <= 32")
+        return v
+
+    @field_validator("attention_backends")
+    @classmethod
+    def _backends(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for method in v:
+                if not method.takes_draft_checkpoint:
+                    raise ValueError(f"method {method.value} has no drafter to put on a backend")
         return v
 
     @field_validator("drafts")

@@ -52,6 +52,8 @@ class JobSpec:
     seed: int = 0
     level_weights: Mapping[str, float] | None = None  # level label -> share of production traffic
     compat_overrides: Mapping[str, bool] = field(default_factory=dict)  # method -> allow (True) / exclude
+    # drafters' attention backends on AMD chips: "search", or method -> backend (pinned); None: vLLM's choice
+    attention_backends: str | Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)

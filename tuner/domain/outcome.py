@@ -73,9 +73,16 @@ class Recommendation:
         arguments its trials were measured with (:func:`serve_argv`), without the runner's host and port."""
         return ["serve", *serve_argv(self.model, self.serving, self.spec)]
 
+    def serve_env(self) -> dict[str, str]:
+        """The environment its trials ran with beyond the worker's: the configuration's needs (an AITER drafter
+        backend's ``VLLM_ROCM_USE_AITER=1``) under the job's serving env."""
+        return {**self.spec.serve_env(), **self.serving.env}
+
     def deploy_command(self) -> str:
-        """The same argv as one shell-quoted line (the JSON speculative config survives a paste into a shell)."""
-        return shlex.join(["vllm", *self.serve_args()])
+        """The same argv as one shell-quoted line (the JSON speculative config survives a paste into a shell),
+        preceded by the environment it needs (``env NAME=value ...``)."""
+        env = [f"{k}={v}" for k, v in sorted(self.serve_env().items())]
+        return shlex.join([*(["env", *env] if env else []), "vllm", *self.serve_args()])
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,8 @@ class SpecConfig:
             parts.append("schedule=" + ",".join(f"{a}-{b}:{k}" for a, b, k in self.schedule))
         if self.adaptive:
             parts.append("adaptive")
+        if self.drafter_backend:
+            parts.append(f"drafter_attn={self.drafter_backend}")
         return " ".join(parts)
 
     def key(self) -> str:

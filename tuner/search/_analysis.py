@@ -18,6 +18,7 @@ from tuner.domain import (
     Objective,
     SpecConfig,
     TrialStatus,
+    arm_key,
 )
 from tuner.search._predict import Baseline, Candidate, Predictor
 from tuner.search._records import RETRYABLE, SEARCH, ConfigStats, Record
@@ -31,6 +32,8 @@ from tuner.search.objective import combine, level_metric, slo_violation
 from tuner.search.schedule import build_schedule
 
 DEFAULT_NOISE = 0.03
+# A drafter backend below this share of the same drafter's acceptance length on another backend collapsed.
+COLLAPSE_SHARE = 0.6
 
 
 class Analysis:
@@ -90,6 +93,7 @@ class Analysis:
         self.caps: dict[str, int] = {}
         self._failures()
         self.stats = self._config_stats(search)
+        self._collapsed(search)
         # measured even before the baseline is in (parallel runners): never proposed again
         self.measured_keys = {
             r.spec.key()
@@ -179,6 +183,34 @@ class Analysis:
                 self.excluded_arms.setdefault(arm, f"{f.cls.value} at start in trial {r.number}: {f.reason}")
             elif f.cls not in RETRYABLE:
                 self.failed_configs.setdefault(r.spec.key(), f"{f.cls.value} in trial {r.number}: {f.reason}")
+
+    def _collapsed(self, records: Sequence[Record]) -> None:
+        """A drafter backend whose acceptance length is below ``COLLAPSE_SHARE`` of the same method, draft and
+        depth on another backend (ROCm attention paths have collapsed EAGLE-3's acceptance, vllm#47854) is
+        dropped for that method: ``collapsed_acceptance``, a note, not a correctness failure."""
+        lengths: dict[tuple[str, int], dict[str, tuple[float, int, str]]] = {}
+        for r in records:
+            if r.spec is None or r.spec.is_off or not r.measured or r.result is None:
+                continue
+            counted = [lr.spec_decode for lr in r.result.levels if lr.spec_decode and lr.spec_decode.num_drafts]
+            als = [sd.acceptance_length for sd in counted]
+            if not als:
+                continue
+            same = arm_key(r.spec.method, r.spec.model, adaptive=r.spec.adaptive)
+            by_backend = lengths.setdefault((same, r.spec.num_speculative_tokens), {})
+            al = statistics.fmean(als)
+            backend = r.spec.drafter_backend or "vLLM's default"
+            if al > by_backend.get(backend, (0.0, 0, ""))[0]:
+                by_backend[backend] = (al, r.number, r.spec.arm)
+        for (_same, k), by_backend in lengths.items():
+            best_backend, (best, _, _) = max(by_backend.items(), key=lambda kv: kv[1][0])
+            for backend, (al, number, arm) in by_backend.items():
+                if al < COLLAPSE_SHARE * best:
+                    self.excluded_arms.setdefault(
+                        arm,
+                        f"collapsed_acceptance: acceptance length {al:.2f} on {backend} in trial {number}, "
+                        f"{best:.2f} on {best_backend} (k={k}; below {COLLAPSE_SHARE:.0%})",
+                    )
 
     def _config_stats(self, records: Sequence[Record]) -> dict[str, ConfigStats]:
         out: dict[str, ConfigStats] = {}

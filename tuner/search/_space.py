@@ -21,6 +21,7 @@ from tuner.domain import (
     arm_key,
     mtp_depths,
 )
+from tuner.domain.chips import is_amd
 from tuner.search.catalog import DEFAULT_CATALOG, DraftCatalog
 from tuner.search.compat import (
     ADAPTIVE,
@@ -31,7 +32,6 @@ from tuner.search.compat import (
     CompatRule,
     drafter_backends,
     excluded_reason,
-    is_amd,
     option_refusal,
 )
 from tuner.search.model_config import ModelTraits, model_traits

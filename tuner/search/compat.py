@@ -84,7 +84,6 @@ _ADAPTIVE_RULES: tuple[CompatRule, ...] = (
 # AITER unified backend that vllm#47854 names as the workaround for EAGLE-3's collapse on the default path.
 # gfx942 is MI300X/MI300A/MI308X/MI325X, gfx950 MI350X/MI355X (tuner.workers.hardware). AITER backends need
 # VLLM_ROCM_USE_AITER=1. MLA models (DeepSeek, Kimi: ``kv_lora_rank`` in config.json) take the MLA ones.
-AMD_CHIPS: tuple[str, ...] = ("*mi300*", "*mi308*", "*mi325*", "*mi350*", "*mi355*", "rocm*")
 ROCM_DRAFTER_BACKENDS: tuple[str, ...] = ("TRITON_ATTN", "ROCM_ATTN", "ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN")
 ROCM_DRAFTER_MLA_BACKENDS: tuple[str, ...] = ("TRITON_MLA", "ROCM_AITER_MLA")
 _BACKEND_RULES: tuple[CompatRule, ...] = (
@@ -96,16 +95,6 @@ _BACKEND_RULES: tuple[CompatRule, ...] = (
         backend="ROCM_AITER_MLA",
     ),
 )
-
-
-def is_amd(hardware: str) -> bool:
-    """Whether ``hardware`` names an AMD Instinct chip (or a ROCm host): where backends are searched."""
-    return any(fnmatch(hardware.lower(), pattern) for pattern in AMD_CHIPS)
-
-
-def needs_aiter(backend: str | None) -> bool:
-    """AITER kernels run only with ``VLLM_ROCM_USE_AITER=1``."""
-    return bool(backend) and str(backend).startswith("ROCM_AITER")
 
 
 def drafter_backends(

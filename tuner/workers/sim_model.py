@@ -91,6 +91,12 @@ def acceptance(
     k = spec.num_speculative_tokens if k is None else k
     if spec.is_off or k <= 0:
         return ()
+    scale = model.acceptance_scale.get(spec.method, 1.0)
+    raw = _acceptance(model, workload, spec, k)
+    return raw if scale == 1.0 else tuple(_clip(a * scale) for a in raw)
+
+
+def _acceptance(model: ModelProfile, workload: WorkloadProfile, spec: SpecConfig, k: int) -> tuple[float, ...]:
     method = spec.method
     shift = workload.acceptance_shift
     if method.traits.proposer is Proposer.LOOKUP:

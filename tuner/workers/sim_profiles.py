@@ -109,11 +109,13 @@ class ModelProfile:
     expert_locality: float = 0.5  # MoE: share of a request's draft tokens routed like its previous token
     spec_overhead: tuple[float, float] = (0.064, 0.001)  # K=0 cost: fraction of a step, + per sequence
     draft_cost_scale: float = 1.0  # < 1 for large targets, where a drafter is a smaller share of a step
+    acceptance_scale: Mapping[Method, float] = field(default_factory=dict)  # e.g. a collapsing attention backend
     kv_capacity_tokens: int = 450_000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method_acceptance", {Method(k): tuple(v) for k, v in self.method_acceptance.items()})
         object.__setattr__(self, "method_draft_cost", {Method(k): float(v) for k, v in self.method_draft_cost.items()})
+        object.__setattr__(self, "acceptance_scale", {Method(k): float(v) for k, v in self.acceptance_scale.items()})
         object.__setattr__(
             self, "max_depth_before_oom", {Method(k): int(v) for k, v in self.max_depth_before_oom.items()}
         )

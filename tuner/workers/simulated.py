@@ -37,6 +37,7 @@ from tuner.domain import (
 )
 from tuner.workers import sim_model
 from tuner.workers.correctness import compare, not_gated, ungated_reason
+from tuner.workers.sim_backends import backend_effect, with_backend
 from tuner.workers.sim_level import level_result
 from tuner.workers.sim_profiles import CHARS_PER_TOKEN, PRESETS, WORKLOADS, ModelProfile, WorkloadProfile
 
@@ -105,6 +106,10 @@ class SimulatedEngine:
         refusal = self._refusal(spec.spec)
         if refusal is not None:
             return self._result(spec, TrialStatus.FAILED, failure=refusal, startup=startup)
+        crash = backend_effect(self.hardware, spec.spec).crash
+        if crash is not None:
+            failure = Failure(FailureClass.CRASH, crash, f"(EngineCore pid=2) {crash}\n")
+            return self._result(spec, TrialStatus.FAILED, failure=failure, startup=startup)
         if self._ooms(spec.spec):
             return self._result(spec, TrialStatus.FAILED, failure=_oom(spec.spec), startup=startup)
         levels: list[LevelResult] = []
@@ -219,7 +224,8 @@ class SimulatedEngine:
         requests: Sequence[TrafficRequest],
         rng: random.Random | None,
     ) -> LevelResult:
-        return level_result(self.model, workload, spec, level, serving, slo, requests, rng, self.noise)
+        model = with_backend(self.model, self.hardware, spec)
+        return level_result(model, workload, spec, level, serving, slo, requests, rng, self.noise)
 
 
 def _oom(spec: SpecConfig) -> Failure:

@@ -121,7 +121,10 @@ class VllmRunner:
             return self._result(spec, progress, Failure(FailureClass.UNSUPPORTED, str(exc)), log_path, None, t0)
         trial_dir = log_path.with_suffix("")  # the trial's own files (tunable-op tables), beside its log
         env = device_env(
-            server_env(os.environ, opts.extra_env, spec.serving.env, trial_dir), spec.gpu_ids, in_ray=opts.in_ray
+            # the configuration's own needs (an AITER drafter backend) under the job's env, which may override
+            server_env(os.environ, opts.extra_env, {**spec.spec.serve_env(), **spec.serving.env}, trial_dir),
+            spec.gpu_ids,
+            in_ray=opts.in_ray,
         )
         server = VllmServer(
             argv,

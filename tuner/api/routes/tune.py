@@ -198,6 +198,11 @@ def _submit(
         seed=body.seed,
         level_weights=weights,
         compat_overrides={m.value: allow for m, allow in body.search.compat_overrides.items()},
+        attention_backends=(
+            {m.value: b for m, b in body.search.attention_backends.items()}
+            if isinstance(body.search.attention_backends, dict)
+            else body.search.attention_backends
+        ),
     )
     return tuning.submit_job(session, spec, idempotency_key=idempotency_key, request_fingerprint=request_fp, team=team)
 
