@@ -22,6 +22,7 @@ for argv in json.load(sys.stdin):
                 "num_speculative_tokens": spec.num_speculative_tokens if spec else 0,
                 "schedule": [list(r) for r in spec.num_speculative_tokens_per_batch_size or []] if spec else [],
                 "max_num_seqs": config.scheduler_config.max_num_seqs,
+                "drafter_backend": spec.attention_backend.name if spec and spec.attention_backend else None,
             }
         )
     except (Exception, SystemExit) as exc:  # argparse exits on a bad flag
