@@ -68,6 +68,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         capabilities=capabilities,
         data_parallel_size=int(serving.get("data_parallel_size", 1)),
         attention_backends=_backends(search.get("attention_backends")),
+        target_backend_pinned="attention_backend" in serving,
     )
     report = describe(space, origin=origin, config_found=config is not None)
     print(json.dumps(report, indent=2) if args.json else render(report))

@@ -113,6 +113,7 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
             if isinstance(spec.attention_backends, Mapping)
             else spec.attention_backends
         ),
+        target_backend_pinned="attention_backend" in spec.serving.args,
         rules=compat_rules(settings),
         capabilities=capabilities,
         data_parallel_size=int(spec.serving.args.get("data_parallel_size", 1)),

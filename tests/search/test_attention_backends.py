@@ -4,6 +4,8 @@ backends whose acceptance collapses and answers on a working one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from tuner.domain import (
     Budget,
     ConcurrencyRange,
@@ -15,6 +17,7 @@ from tuner.domain import (
     ServingConfig,
     SpecConfig,
     TrafficRequest,
+    serve_argv,
 )
 from tuner.search import build_space, tune
 from tuner.search.compat import ROCM_DRAFTER_BACKENDS
@@ -34,8 +37,20 @@ def space(hardware: str, config=LLAMA, methods=(Method.EAGLE3, Method.NGRAM), **
 def test_an_amd_job_gets_one_drafter_arm_per_backend_beside_vllms_default():
     amd = space("mi300x", attention_backends="search")
     eagle = [o for o in amd.options if o.method is Method.EAGLE3 and o.draft == "org/eagle3"]
-    assert [o.drafter_backend for o in eagle] == [None, *ROCM_DRAFTER_BACKENDS]
-    assert {o.drafter_backend for o in amd.options if o.method is Method.NGRAM} == {None}  # no drafter
+    # one backend at a time: the drafter's beside vLLM's default, then the target's with the drafter's default
+    assert [(o.drafter_backend, o.target_backend) for o in eagle] == [
+        (None, None),
+        *((b, None) for b in ROCM_DRAFTER_BACKENDS),
+        *((None, b) for b in ROCM_DRAFTER_BACKENDS),
+    ]
+    ngram = [o for o in amd.options if o.method is Method.NGRAM]  # no drafter: only the target's backend
+    assert {o.drafter_backend for o in ngram} == {None} and len(ngram) == 1 + len(ROCM_DRAFTER_BACKENDS)
+    target = next(o for o in eagle if o.target_backend == "ROCM_AITER_FA").spec(3)
+    argv = serve_argv(ModelRef("org/m"), ServingConfig(), target)
+    assert "--attention-backend=ROCM_AITER_FA" in argv and target.serve_env() == {"VLLM_ROCM_USE_AITER": "1"}
+    assert target.key() != dataclasses.replace(target, target_backend=None).key()
+    pinned_target = space("mi300x", attention_backends="search", target_backend_pinned=True)
+    assert all(o.target_backend is None for o in pinned_target.options)
     spec = next(o for o in eagle if o.drafter_backend == "ROCM_AITER_UNIFIED_ATTN").spec(3)
     assert spec.to_vllm()["attention_backend"] == "ROCM_AITER_UNIFIED_ATTN"
     assert spec.serve_env() == {"VLLM_ROCM_USE_AITER": "1"} and spec.arm.endswith("~ROCM_AITER_UNIFIED_ATTN")
@@ -59,6 +74,7 @@ def test_mla_models_get_mla_backends_and_gfx950_drops_aiter_mla_for_mtp():
 def test_a_job_may_pin_a_backend():
     pinned = space("mi355x", attention_backends={Method.EAGLE3: "ROCM_AITER_UNIFIED_ATTN"})
     assert {o.drafter_backend for o in pinned.options if o.method is Method.EAGLE3} == {"ROCM_AITER_UNIFIED_ATTN"}
+    assert all(o.target_backend is None for o in pinned.options)  # pinning searches nothing
 
 
 def test_deploy_command_carries_the_backends_environment():
@@ -81,7 +97,9 @@ def test_a_study_drops_collapsed_backends_and_answers_on_a_working_one():
     collapsed = [n for n in report.outcome.notes if "collapsed_acceptance" in n]
     collapsing = {None, "ROCM_ATTN"}  # where the engine's acceptance collapses
     assert {backend_effect("mi300x", o.spec(3)).acceptance for o in s.options[1:]} == {COLLAPSE, 1.0}
-    assert len(collapsed) == 2 and all("below 60%" in n for n in collapsed)
+    assert collapsed and all("below 60%" in n for n in collapsed)
     assert any("vLLM's default" in n for n in collapsed) and any("~ROCM_ATTN excluded" in n for n in collapsed)
+    # measured arms on a working drafter backend are never dropped
+    assert not any(f"~{b} excluded" in n for b in ("TRITON_ATTN", "ROCM_AITER_UNIFIED_ATTN") for n in collapsed)
     assert report.outcome.best.drafter_backend not in collapsing
     assert all(w.spec.is_off or w.spec.drafter_backend not in collapsing for w in report.outcome.per_level_winners)

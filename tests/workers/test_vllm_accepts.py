@@ -82,8 +82,9 @@ def test_vllm_accepts_what_the_search_emits(vllm_python: Path, tiny_model: Path)
 
 
 def test_vllm_accepts_every_drafter_backend_an_amd_job_searches(vllm_python: Path, tiny_model: Path) -> None:
-    """The ROCm backends of an AMD job's space are names vLLM's config takes (whether each runs on a chip is
-    the compat table's); and on a CPU, vLLM refuses adaptive verification as our table does."""
+    """The ROCm backends of an AMD job's space, the drafter's and the target's, are names vLLM's config takes
+    (whether each runs on a chip is the compat table's); and on a CPU, vLLM refuses adaptive verification as
+    our table does."""
     caps = probe_python(str(vllm_python))
     model = ModelRef(str(tiny_model))
     config = json.loads((tiny_model / "config.json").read_text())
@@ -97,11 +98,12 @@ def test_vllm_accepts_every_drafter_backend_an_amd_job_searches(vllm_python: Pat
         capabilities=caps,
         attention_backends="search",
     )
-    specs = [o.spec(o.depths[0]) for o in space.options if o.drafter_backend]
-    assert len(specs) == 4  # TRITON_ATTN, ROCM_ATTN, ROCM_AITER_FA, ROCM_AITER_UNIFIED_ATTN
+    specs = [o.spec(o.depths[0]) for o in space.options if o.drafter_backend or o.target_backend]
+    assert len(specs) == 8  # TRITON_ATTN, ROCM_ATTN, ROCM_AITER_FA, ROCM_AITER_UNIFIED_ATTN, drafter and target
     adaptive = SpecConfig(Method.DRAFT_MODEL, 2, model=str(tiny_model), extra={"enable_adaptive_verification": True})
     serving = ServingConfig({"max_model_len": 512, "dtype": "float32", "enforce_eager": True})
     argvs = [build_serve_argv(model, serving, s, 8000, command=[]) for s in [*specs, adaptive]]
     *got, refused = verdicts(vllm_python, argvs)
     assert [v.get("drafter_backend") for v in got] == [s.drafter_backend for s in specs], got
+    assert [v.get("target_backend") for v in got] == [s.target_backend for s in specs], got
     assert not refused["ok"] and "adaptive" in refused["error"]

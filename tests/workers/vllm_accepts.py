@@ -23,6 +23,7 @@ for argv in json.load(sys.stdin):
                 "schedule": [list(r) for r in spec.num_speculative_tokens_per_batch_size or []] if spec else [],
                 "max_num_seqs": config.scheduler_config.max_num_seqs,
                 "drafter_backend": spec.attention_backend.name if spec and spec.attention_backend else None,
+                "target_backend": config.attention_config.backend.name if config.attention_config.backend else None,
             }
         )
     except (Exception, SystemExit) as exc:  # argparse exits on a bad flag

@@ -164,6 +164,8 @@ def serve_argv(
     if model.trust_remote_code:
         argv.append("--trust-remote-code")
     argv += serving.to_cli_args()
+    if spec.target_backend and "attention_backend" not in serving.args:
+        argv.append(f"--attention-backend={check_argv_value('attention backend', spec.target_backend)}")
     config = spec.to_vllm(schedule_field)
     if config is not None:
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"), sort_keys=True)]

@@ -27,6 +27,8 @@ class SpecConfig:
     prompt_lookup_max: int | None = None
     schedule: tuple[tuple[int, int, int], ...] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # the target's ``--attention-backend`` for this trial (None: the job's serving args, else vLLM's choice)
+    target_backend: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
@@ -53,15 +55,17 @@ class SpecConfig:
         """Environment this configuration needs on top of the job's: AITER backends run only with
         ``VLLM_ROCM_USE_AITER=1`` (which also switches other ROCm kernels to AITER: set it in the job's
         serving env to keep the target's kernels the same across arms)."""
-        backend = self.drafter_backend or ""
-        return {"VLLM_ROCM_USE_AITER": "1"} if backend.startswith("ROCM_AITER") else {}
+        backends = (self.drafter_backend or "", self.target_backend or "")
+        return {"VLLM_ROCM_USE_AITER": "1"} if any(b.startswith("ROCM_AITER") for b in backends) else {}
 
     @property
     def arm(self) -> str:
         """The drafter this configuration uses, whatever its depth: ``method`` or ``method@draft``, with
         ``+adaptive`` under adaptive verification and ``~BACKEND`` on a chosen drafter attention backend
         (arms of their own: their cost and acceptance differ)."""
-        return arm_key(self.method, self.model, adaptive=self.adaptive, backend=self.drafter_backend)
+        return arm_key(
+            self.method, self.model, adaptive=self.adaptive, backend=self.drafter_backend, target=self.target_backend
+        )
 
     def to_vllm(self, schedule_field: str = LEGACY_SCHEDULE_FIELD) -> dict[str, Any] | None:
         """The dict vLLM's ``--speculative-config`` takes, or None for no speculation; the schedule under
@@ -123,15 +127,29 @@ class SpecConfig:
             parts.append("adaptive")
         if self.drafter_backend:
             parts.append(f"drafter_attn={self.drafter_backend}")
+        if self.target_backend:
+            parts.append(f"target_attn={self.target_backend}")
         return " ".join(parts)
 
     def key(self) -> str:
+        """The configuration's identity: its speculative config, and the target's backend when it sets one."""
+        if self.target_backend:
+            return canonical_json({"attention_backend": self.target_backend, "speculative_config": self.to_vllm()})
         return canonical_json(self.to_vllm())
 
 
-def arm_key(method: Method, draft: str | None, *, adaptive: bool = False, backend: str | None = None) -> str:
+def arm_key(
+    method: Method,
+    draft: str | None,
+    *,
+    adaptive: bool = False,
+    backend: str | None = None,
+    target: str | None = None,
+) -> str:
     """One arm per drafter: the method alone, or ``method@draft`` for a method that loads a checkpoint;
-    ``+adaptive`` when vLLM's adaptive verification is on, ``~BACKEND`` for the drafter's attention backend."""
+    ``+adaptive`` when vLLM's adaptive verification is on, ``~BACKEND`` for the drafter's attention backend,
+    ``^BACKEND`` for the target's."""
     key = method.value if draft is None else f"{method.value}@{draft}"
     key = f"{key}+adaptive" if adaptive else key
-    return f"{key}~{backend}" if backend else key
+    key = f"{key}~{backend}" if backend else key
+    return f"{key}^{target}" if target else key

@@ -200,6 +200,8 @@ class Analysis:
             by_backend = lengths.setdefault((same, r.spec.num_speculative_tokens), {})
             al = statistics.fmean(als)
             backend = r.spec.drafter_backend or "vLLM's default"
+            if r.spec.target_backend:
+                backend += f" (target on {r.spec.target_backend})"
             if al > by_backend.get(backend, (0.0, 0, ""))[0]:
                 by_backend[backend] = (al, r.number, r.spec.arm)
         for (_same, k), by_backend in lengths.items():

@@ -28,11 +28,12 @@ from tuner.search.compat import (
     ATTENTION_BACKEND,
     BATCH_SCHEDULE,
     DEFAULT_RULES,
+    TARGET_BACKEND,
     CompatOverrides,
     CompatRule,
-    drafter_backends,
     excluded_reason,
     option_refusal,
+    rocm_backends,
 )
 from tuner.search.model_config import ModelTraits, model_traits
 
@@ -53,6 +54,7 @@ class MethodOptions:
     source_url: str | None = None
     adaptive: bool = False  # vLLM's adaptive verification (enable_adaptive_verification): its own arm
     drafter_backend: str | None = None  # speculative_config.attention_backend (None: vLLM's choice)
+    target_backend: str | None = None  # the target's --attention-backend (None: the job's, else vLLM's)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
@@ -61,7 +63,9 @@ class MethodOptions:
 
     @property
     def key(self) -> str:
-        return arm_key(self.method, self.draft, adaptive=self.adaptive, backend=self.drafter_backend)
+        return arm_key(
+            self.method, self.draft, adaptive=self.adaptive, backend=self.drafter_backend, target=self.target_backend
+        )
 
     @property
     def fixed_length(self) -> bool:
@@ -82,6 +86,7 @@ class MethodOptions:
                 **({ADAPTIVE_FIELD: True} if self.adaptive else {}),
                 **({"attention_backend": self.drafter_backend} if self.drafter_backend else {}),
             },
+            target_backend=self.target_backend,
         )
 
     def specs(self) -> Iterator[SpecConfig]:
@@ -170,6 +175,7 @@ def build_space(
     capabilities: VllmCapabilities | None = None,
     data_parallel_size: int = 1,
     attention_backends: str | Mapping[Method, str] | None = None,
+    target_backend_pinned: bool = False,
 ) -> SearchSpace:
     """The search space for ``model`` from its config, the request's drafts and the built-in catalog.
 
@@ -189,7 +195,10 @@ def build_space(
 
     ``attention_backends="search"`` on an AMD chip adds, beside each drafter arm on vLLM's default backend,
     one arm per ROCm backend the compat table lists for the chip and the model's attention (MLA or not),
-    the drafter on it (``speculative_config.attention_backend``); a mapping pins one backend per method.
+    the drafter on it (``speculative_config.attention_backend``), and beside each speculative arm one per
+    backend for the target (``--attention-backend``; not when the job's serving args pin it:
+    ``target_backend_pinned``), one backend at a time, not their product. A mapping pins one drafter
+    backend per method.
     """
     traits = model_traits(config, model) if config else None
     catalog = DEFAULT_CATALOG if catalog is None else catalog
@@ -301,7 +310,16 @@ def build_space(
     options += [dataclasses.replace(o, adaptive=True) for o in list(options) if o.method in adaptive_ok]
     if attention_backends is not None:
         options = _with_backends(
-            options, attention_backends, hardware, vllm_version, traits, capabilities, rules, verdicts, notes
+            options,
+            attention_backends,
+            hardware,
+            vllm_version,
+            traits,
+            capabilities,
+            rules,
+            verdicts,
+            notes,
+            search_target=not target_backend_pinned,
         )
     return SearchSpace(
         model=model,
@@ -328,8 +346,9 @@ def _with_backends(
     rules: Sequence[CompatRule],
     verdicts: list[OptionVerdict],
     notes: list[str],
+    search_target: bool = True,
 ) -> list[MethodOptions]:
-    """The drafter arms on the backends asked for (``"search"``: every one the chip's list allows)."""
+    """The arms on the backends asked for (``"search"``: every one the chip's list allows)."""
     if capabilities is not None and not capabilities.drafter_attention_backend:
         notes.append(f"vLLM {capabilities.version} has no speculative_config.attention_backend: not searched")
         return options
@@ -339,10 +358,21 @@ def _with_backends(
     available = capabilities.attention_backends if capabilities is not None else ()
     mla = bool(traits and traits.mla)
     out: list[MethodOptions] = []
-    decided: set[Method] = set()
+    decided: set[tuple[Method, str]] = set()
     for o in options:
+        targets: list[MethodOptions] = []
+        if wanted == "search" and search_target and o.method is not Method.OFF:
+            keep, dropped = rocm_backends(
+                o.method, hardware=hardware, vllm_version=vllm_version, mla=mla, available=available, rules=rules,
+                role=TARGET_BACKEND,
+            )  # fmt: skip
+            targets = [dataclasses.replace(o, target_backend=b) for b in keep]
+            if (o.method, TARGET_BACKEND) not in decided:
+                decided.add((o.method, TARGET_BACKEND))
+                verdicts += [OptionVerdict(o.method, f"{TARGET_BACKEND}:{b}") for b in keep]
+                verdicts += [OptionVerdict(o.method, f"{TARGET_BACKEND}:{b}", why) for b, why in dropped]
         if o.method.traits.draft is DraftNeed.NONE:
-            out.append(o)
+            out += [o, *targets]
             continue
         if isinstance(wanted, Mapping):  # pinned: the job's choice, checked only against what vLLM has
             backend = wanted.get(o.method)
@@ -351,12 +381,12 @@ def _with_backends(
                 backend = None
             out.append(dataclasses.replace(o, drafter_backend=backend) if backend else o)
             continue
-        keep, dropped = drafter_backends(
+        keep, dropped = rocm_backends(
             o.method, hardware=hardware, vllm_version=vllm_version, mla=mla, available=available, rules=rules
         )
-        out += [o, *(dataclasses.replace(o, drafter_backend=b) for b in keep)]
-        if o.method not in decided:
-            decided.add(o.method)
+        out += [o, *(dataclasses.replace(o, drafter_backend=b) for b in keep), *targets]
+        if (o.method, ATTENTION_BACKEND) not in decided:
+            decided.add((o.method, ATTENTION_BACKEND))
             verdicts += [OptionVerdict(o.method, f"{ATTENTION_BACKEND}:{b}") for b in keep]
             verdicts += [OptionVerdict(o.method, f"{ATTENTION_BACKEND}:{b}", why) for b, why in dropped]
     return out

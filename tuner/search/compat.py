@@ -33,7 +33,8 @@ CompatOverrides = Mapping[Method, bool | str]
 ADAPTIVE = "adaptive_verification"
 BATCH_SCHEDULE = "batch_schedule"
 ATTENTION_BACKEND = "attention_backend"  # with ``backend``: the drafter on that backend
-OPTIONS: tuple[str, ...] = (ADAPTIVE, BATCH_SCHEDULE, ATTENTION_BACKEND)
+TARGET_BACKEND = "target_attention_backend"  # with ``backend``: the target on it, with this method
+OPTIONS: tuple[str, ...] = (ADAPTIVE, BATCH_SCHEDULE, ATTENTION_BACKEND, TARGET_BACKEND)
 
 
 @dataclass(frozen=True)
@@ -86,18 +87,19 @@ _ADAPTIVE_RULES: tuple[CompatRule, ...] = (
 # VLLM_ROCM_USE_AITER=1. MLA models (DeepSeek, Kimi: ``kv_lora_rank`` in config.json) take the MLA ones.
 ROCM_DRAFTER_BACKENDS: tuple[str, ...] = ("TRITON_ATTN", "ROCM_ATTN", "ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN")
 ROCM_DRAFTER_MLA_BACKENDS: tuple[str, ...] = ("TRITON_MLA", "ROCM_AITER_MLA")
-_BACKEND_RULES: tuple[CompatRule, ...] = (
+_BACKEND_RULES: tuple[CompatRule, ...] = tuple(
     CompatRule(
         Method.MTP,
         "AITER MLA with MTP memory-faults on gfx950 (MI350X/MI355X); TRITON_MLA is pinned there (vLLM recipes #926)",
         hardware="*mi35*",
-        option=ATTENTION_BACKEND,
+        option=role,
         backend="ROCM_AITER_MLA",
-    ),
+    )
+    for role in (ATTENTION_BACKEND, TARGET_BACKEND)
 )
 
 
-def drafter_backends(
+def rocm_backends(
     method: Method,
     *,
     hardware: str,
@@ -105,9 +107,12 @@ def drafter_backends(
     mla: bool,
     available: Sequence[str] = (),
     rules: Sequence[CompatRule] | None = None,
+    role: str = ATTENTION_BACKEND,
 ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """The backends a drafter of ``method`` may be searched on here, and those left out with the reason.
-    ``available``: the worker's vLLM's ``AttentionBackendEnum`` members (empty: not known, not checked)."""
+    """The backends ``method``'s drafter (``role`` ATTENTION_BACKEND) or the target beside it (TARGET_BACKEND)
+    may be searched on here, and those left out with the reason. ``available``: the worker's vLLM's
+    ``AttentionBackendEnum`` members (empty: not known, not checked). The same ROCm list serves both: the
+    drafter's allow-list is a subset of the target's backends."""
     rules = DEFAULT_RULES if rules is None else rules
     names = ROCM_DRAFTER_MLA_BACKENDS if mla else ROCM_DRAFTER_BACKENDS
     keep: list[str] = []
@@ -120,10 +125,7 @@ def drafter_backends(
             (
                 r
                 for r in rules
-                if r.method is method
-                and r.option == ATTENTION_BACKEND
-                and r.backend == name
-                and r.applies(hardware, vllm_version)
+                if r.method is method and r.option == role and r.backend == name and r.applies(hardware, vllm_version)
             ),
             None,
         )
@@ -228,7 +230,7 @@ def load_rules(path: str | Path) -> tuple[CompatRule, ...]:
             raise ValueError(f"{where}: 'allow' must be true or false")
         if entry.get("option") is not None and entry["option"] not in OPTIONS:
             raise ValueError(f"{where}: 'option' must be one of {', '.join(OPTIONS)}")
-        if (entry.get("option") == ATTENTION_BACKEND) != isinstance(entry.get("backend"), str):
-            raise ValueError(f"{where}: 'backend' (a string) goes with option 'attention_backend', and only there")
+        if (entry.get("option") in (ATTENTION_BACKEND, TARGET_BACKEND)) != isinstance(entry.get("backend"), str):
+            raise ValueError(f"{where}: 'backend' (a string) goes with the backend options, and only there")
         rules.append(CompatRule(**{**entry, "method": method}))
     return tuple(rules)
