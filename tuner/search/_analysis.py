@@ -188,7 +188,7 @@ class Analysis:
         """A drafter backend whose acceptance length is below ``COLLAPSE_SHARE`` of the same method, draft and
         depth on another backend (ROCm attention paths have collapsed EAGLE-3's acceptance, vllm#47854) is
         dropped for that method: ``collapsed_acceptance``, a note, not a correctness failure."""
-        lengths: dict[tuple[str, int], dict[str, tuple[float, int, str]]] = {}
+        lengths: dict[tuple[str, int], dict[str, tuple[float, int, SpecConfig]]] = {}
         for r in records:
             if r.spec is None or r.spec.is_off or not r.measured or r.result is None:
                 continue
@@ -202,17 +202,27 @@ class Analysis:
             backend = r.spec.drafter_backend or "vLLM's default"
             if r.spec.target_backend:
                 backend += f" (target on {r.spec.target_backend})"
-            if al > by_backend.get(backend, (0.0, 0, ""))[0]:
-                by_backend[backend] = (al, r.number, r.spec.arm)
+            if al > by_backend.get(backend, (0.0, 0, r.spec))[0]:
+                by_backend[backend] = (al, r.number, r.spec)
         for (_same, k), by_backend in lengths.items():
             best_backend, (best, _, _) = max(by_backend.items(), key=lambda kv: kv[1][0])
-            for backend, (al, number, arm) in by_backend.items():
-                if al < COLLAPSE_SHARE * best:
-                    self.excluded_arms.setdefault(
-                        arm,
-                        f"collapsed_acceptance: acceptance length {al:.2f} on {backend} in trial {number}, "
-                        f"{best:.2f} on {best_backend} (k={k}; below {COLLAPSE_SHARE:.0%})",
-                    )
+            for backend, (al, number, spec) in by_backend.items():
+                if al >= COLLAPSE_SHARE * best:
+                    continue
+                reason = (
+                    f"collapsed_acceptance: acceptance length {al:.2f} on {backend} in trial {number}, "
+                    f"{best:.2f} on {best_backend} (k={k}; below {COLLAPSE_SHARE:.0%})"
+                )
+                # the backend is dropped for the method: every draft of it on the same backends
+                for opt in self.space.options:
+                    if (opt.method, opt.adaptive, opt.drafter_backend, opt.target_backend) == (
+                        spec.method,
+                        spec.adaptive,
+                        spec.drafter_backend,
+                        spec.target_backend,
+                    ):
+                        why = reason if opt.draft == spec.model else f"{reason}, with draft {spec.model}"
+                        self.excluded_arms.setdefault(opt.key, why)
 
     def _config_stats(self, records: Sequence[Record]) -> dict[str, ConfigStats]:
         out: dict[str, ConfigStats] = {}
