@@ -99,6 +99,9 @@ def test_a_study_drops_collapsed_backends_and_answers_on_a_working_one():
     assert {backend_effect("mi300x", o.spec(3)).acceptance for o in s.options[1:]} == {COLLAPSE, 1.0}
     assert collapsed and all("below 60%" in n for n in collapsed)
     assert any("vLLM's default" in n for n in collapsed) and any("~ROCM_ATTN excluded" in n for n in collapsed)
+    # dropped for the method: the catalogued drafts on the collapsing backend go too, unmeasured
+    assert len({o.draft for o in s.options if o.method is Method.EAGLE3}) > 1
+    assert any(", with draft " in n for n in collapsed)
     # measured arms on a working drafter backend are never dropped
     assert not any(f"~{b} excluded" in n for b in ("TRITON_ATTN", "ROCM_AITER_UNIFIED_ATTN") for n in collapsed)
     assert report.outcome.best.drafter_backend not in collapsing
