@@ -29,9 +29,9 @@ DSV3 = {"model_type": "deepseek_v3", "kv_lora_rank": 512, "num_nextn_predict_lay
 E3 = {Method.EAGLE3: ["org/eagle3"]}
 
 
-def space(hardware: str, config=LLAMA, methods=(Method.EAGLE3, Method.NGRAM), **kw):
+def space(hardware: str, config=LLAMA, methods=(Method.EAGLE3, Method.NGRAM), drafts=E3, **kw):
     return build_space("org/m", config, hardware=hardware, vllm_version="0.34.0", methods=list(methods),
-                       drafts=E3, catalog=None, **kw)  # fmt: skip
+                       drafts=drafts, **kw)  # fmt: skip
 
 
 def test_an_amd_job_gets_one_drafter_arm_per_backend_beside_vllms_default():
@@ -88,7 +88,8 @@ def test_deploy_command_carries_the_backends_environment():
 
 
 def test_a_study_drops_collapsed_backends_and_answers_on_a_working_one():
-    s = space("mi300x", methods=(Method.EAGLE3,), attention_backends="search")
+    two = {Method.EAGLE3: ["org/eagle3", "org/eagle3-b"]}
+    s = space("mi300x", methods=(Method.EAGLE3,), drafts=two, attention_backends="search")
     levels = [LoadLevel(value=c, num_requests=4 * c) for c in (1, 8)]
     requests = [TrafficRequest(format="chat", messages=({"role": "user", "content": "hello " * 50},))] * 32
     engine = SimulatedEngine(PRESETS["llama-3.1-8b"], WORKLOADS["chat"], seed=1, hardware="mi300x")
