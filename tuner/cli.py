@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     space.set_defaults(func=space_cli.run)
 
     trial = trial_cli.register(sub)
-    trial.set_defaults(func=lambda a, _s: trial_cli.run(a))
+    trial.set_defaults(func=lambda a, s: trial_cli.run(a, vllm_executable=s.vllm_executable))
     bench = bench_cli.register(sub)
     bench.set_defaults(func=lambda a, _s: bench_cli.run(a))
     return p

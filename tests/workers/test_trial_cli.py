@@ -102,3 +102,22 @@ def test_tuner_trial_measures_a_real_server_started_with_vllm_serve(
     assert c1["num_drafts"] > 0 and c1["num_accepted_tokens"] == c1["num_draft_tokens"]  # drafting for itself
     for lv in out["levels"]:
         assert lv["num_requests"] == 4 and lv["output_tokens"] == 4 * 24
+
+
+def test_the_server_command_follows_the_flag_then_the_services_setting(
+    traffic: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tuner trial` starts vLLM as the service does: TUNER_VLLM_EXECUTABLE (``<it> serve``) unless
+    --vllm-command says otherwise, else the module entry point."""
+    from tuner.settings import Settings
+
+    monkeypatch.setenv("TUNER_VLLM_EXECUTABLE", "/opt/vllm/bin/vllm")
+    base = ["trial", "--model", "m", "--traffic", str(traffic), "--concurrency", "1"]
+    executable = Settings().vllm_executable
+    assert executable == "/opt/vllm/bin/vllm"
+    runner = trial_cli.evaluator(_parse(base), vllm_executable=executable)
+    assert runner.options.server_command() == ["/opt/vllm/bin/vllm", "serve"]
+    flagged = trial_cli.evaluator(_parse([*base, "--vllm-command", '["my-vllm", "serve"]']), vllm_executable=executable)
+    assert flagged.options.server_command() == ["my-vllm", "serve"]
+    default = trial_cli.evaluator(_parse([*base, "--vllm-python", "/venv/bin/python"]))
+    assert default.options.server_command()[:2] == ["/venv/bin/python", "-m"]

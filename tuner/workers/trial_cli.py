@@ -108,7 +108,10 @@ def build_trial(args: argparse.Namespace) -> TrialSpec:
     )
 
 
-def _evaluator(args: argparse.Namespace) -> Evaluator:
+def evaluator(args: argparse.Namespace, *, vllm_executable: str | None = None) -> Evaluator:
+    """The trial's evaluator. The server starts as ``--vllm-command`` says, else as ``vllm_executable serve``
+    (``TUNER_VLLM_EXECUTABLE``, as the service does), else by vLLM's module entry point of ``--vllm-python``
+    (default ``TUNER_VLLM_PYTHON``)."""
     if args.engine == "simulated":
         from tuner.workers.simulated import SimulatedEngine
 
@@ -117,7 +120,13 @@ def _evaluator(args: argparse.Namespace) -> Evaluator:
 
     return VllmRunner(
         RunnerOptions(
-            vllm_command=tuple(json.loads(args.vllm_command)) if args.vllm_command else None,
+            vllm_command=(
+                tuple(json.loads(args.vllm_command))
+                if args.vllm_command
+                else (vllm_executable, "serve")
+                if vllm_executable
+                else None
+            ),
             vllm_python=args.vllm_python,
             log_dir=args.log_dir,
             startup_timeout_s=args.startup_timeout,
@@ -186,8 +195,8 @@ def format_summary(result: TrialResult) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    result = _evaluator(args)(build_trial(args))
+def run(args: argparse.Namespace, *, vllm_executable: str | None = None) -> int:
+    result = evaluator(args, vllm_executable=vllm_executable)(build_trial(args))
     if args.json:
         json.dump(to_jsonable(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
