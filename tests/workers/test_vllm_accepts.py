@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.domain import Method, ModelRef, ServingConfig, SpecConfig
-from tuner.search import build_space
+from tuner.domain import Method, ModelRef, ServingConfig, SpecConfig, VllmCapabilities
+from tuner.search import SearchSpace, build_space
 from tuner.search.schedule import build_schedule
 from tuner.workers.vllm_probe import probe_python
 from tuner.workers.vllm_server import build_serve_argv
@@ -39,19 +39,26 @@ def verdicts(vllm_python: Path, argvs: list[list[str]]) -> list[dict]:
     return json.loads(line.removeprefix("VERDICTS "))
 
 
+def tiny_space(
+    tiny_model: Path, caps: VllmCapabilities, hardware: str, methods: list[Method], backends: str | None = None
+) -> SearchSpace:
+    """The space a job on the tiny model gets from the probed vLLM (the model drafts for itself: same vocab)."""
+    return build_space(
+        str(tiny_model),
+        json.loads((tiny_model / "config.json").read_text()),
+        hardware=hardware,
+        vllm_version=None,
+        methods=methods,
+        drafts={Method.DRAFT_MODEL: [str(tiny_model)]},
+        capabilities=caps,
+        attention_backends=backends,
+    )
+
+
 def test_vllm_accepts_what_the_search_emits(vllm_python: Path, tiny_model: Path) -> None:
     caps = probe_python(str(vllm_python))
     model = ModelRef(str(tiny_model))
-    config = json.loads((tiny_model / "config.json").read_text())
-    space = build_space(
-        str(tiny_model),
-        config,
-        hardware="cpu",
-        vllm_version=None,
-        methods=[Method.NGRAM, Method.DRAFT_MODEL],
-        drafts={Method.DRAFT_MODEL: [str(tiny_model)]},  # the model drafts for itself: same vocab
-        capabilities=caps,
-    )
+    space = tiny_space(tiny_model, caps, "cpu", [Method.NGRAM, Method.DRAFT_MODEL])
     assert {o.method for o in space.options} == {Method.OFF, Method.NGRAM, Method.DRAFT_MODEL}
     specs: list[SpecConfig] = []
     for opt in space.options:
@@ -85,19 +92,8 @@ def test_vllm_accepts_every_drafter_backend_an_amd_job_searches(vllm_python: Pat
     """The ROCm backends of an AMD job's space, the drafter's and the target's, are names vLLM's config takes
     (whether each runs on a chip is the compat table's); and on a CPU, vLLM refuses adaptive verification as
     our table does."""
-    caps = probe_python(str(vllm_python))
     model = ModelRef(str(tiny_model))
-    config = json.loads((tiny_model / "config.json").read_text())
-    space = build_space(
-        str(tiny_model),
-        config,
-        hardware="mi300x",
-        vllm_version=None,
-        methods=[Method.DRAFT_MODEL],
-        drafts={Method.DRAFT_MODEL: [str(tiny_model)]},
-        capabilities=caps,
-        attention_backends="search",
-    )
+    space = tiny_space(tiny_model, probe_python(str(vllm_python)), "mi300x", [Method.DRAFT_MODEL], "search")
     specs = [o.spec(o.depths[0]) for o in space.options if o.drafter_backend or o.target_backend]
     assert len(specs) == 8  # TRITON_ATTN, ROCM_ATTN, ROCM_AITER_FA, ROCM_AITER_UNIFIED_ATTN, drafter and target
     adaptive = SpecConfig(Method.DRAFT_MODEL, 2, model=str(tiny_model), extra={"enable_adaptive_verification": True})

@@ -82,6 +82,7 @@ from tuner.domain.serving import (
     env_name_allowed,
     env_name_problem,
     serve_argv,
+    serve_env,
 )
 from tuner.domain.spec_config import (
     SpecConfig,
@@ -170,6 +171,7 @@ __all__ = [
     "parse_version",
     "percentile",
     "serve_argv",
+    "serve_env",
     "throttled",
     "to_jsonable",
 ]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.domain.results import Engine
-from tuner.domain.serving import ModelRef, ServingConfig, serve_argv
+from tuner.domain.serving import ModelRef, ServingConfig, serve_argv, serve_env
 from tuner.domain.spec_config import SpecConfig
 
 
@@ -76,7 +76,7 @@ class Recommendation:
     def serve_env(self) -> dict[str, str]:
         """The environment its trials ran with beyond the worker's: the configuration's needs (an AITER drafter
         backend's ``VLLM_ROCM_USE_AITER=1``) under the job's serving env."""
-        return {**self.spec.serve_env(), **self.serving.env}
+        return serve_env(self.serving, self.spec)
 
     def deploy_command(self) -> str:
         """The same argv as one shell-quoted line (the JSON speculative config survives a paste into a shell),

@@ -170,3 +170,10 @@ def serve_argv(
     if config is not None:
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"), sort_keys=True)]
     return argv
+
+
+def serve_env(serving: ServingConfig, spec: SpecConfig) -> dict[str, str]:
+    """The environment a configuration runs with beyond the worker's, beside :func:`serve_argv`: what the
+    configuration needs (an AITER backend's ``VLLM_ROCM_USE_AITER=1``) under the job's serving env, which
+    may override it. What a trial's server gets and what a recommendation deploys."""
+    return {**spec.serve_env(), **serving.env}

@@ -357,20 +357,25 @@ def _with_backends(
         return options
     available = capabilities.attention_backends if capabilities is not None else ()
     mla = bool(traits and traits.mla)
+    allowed: dict[tuple[Method, str], tuple[str, ...]] = {}
+
+    def backends(method: Method, role: str) -> tuple[str, ...]:
+        """The backends ``method`` may take in ``role``, asked of the table once; the verdicts recorded then."""
+        if (method, role) not in allowed:
+            keep, dropped = rocm_backends(
+                method, hardware=hardware, vllm_version=vllm_version, mla=mla, available=available, rules=rules,
+                role=role,
+            )  # fmt: skip
+            allowed[(method, role)] = keep
+            verdicts.extend(OptionVerdict(method, f"{role}:{b}") for b in keep)
+            verdicts.extend(OptionVerdict(method, f"{role}:{b}", why) for b, why in dropped)
+        return allowed[(method, role)]
+
     out: list[MethodOptions] = []
-    decided: set[tuple[Method, str]] = set()
     for o in options:
         targets: list[MethodOptions] = []
         if wanted == "search" and search_target and o.method is not Method.OFF:
-            keep, dropped = rocm_backends(
-                o.method, hardware=hardware, vllm_version=vllm_version, mla=mla, available=available, rules=rules,
-                role=TARGET_BACKEND,
-            )  # fmt: skip
-            targets = [dataclasses.replace(o, target_backend=b) for b in keep]
-            if (o.method, TARGET_BACKEND) not in decided:
-                decided.add((o.method, TARGET_BACKEND))
-                verdicts += [OptionVerdict(o.method, f"{TARGET_BACKEND}:{b}") for b in keep]
-                verdicts += [OptionVerdict(o.method, f"{TARGET_BACKEND}:{b}", why) for b, why in dropped]
+            targets = [dataclasses.replace(o, target_backend=b) for b in backends(o.method, TARGET_BACKEND)]
         if o.method.traits.draft is DraftNeed.NONE:
             out += [o, *targets]
             continue
@@ -381,12 +386,6 @@ def _with_backends(
                 backend = None
             out.append(dataclasses.replace(o, drafter_backend=backend) if backend else o)
             continue
-        keep, dropped = rocm_backends(
-            o.method, hardware=hardware, vllm_version=vllm_version, mla=mla, available=available, rules=rules
-        )
-        out += [o, *(dataclasses.replace(o, drafter_backend=b) for b in keep), *targets]
-        if (o.method, ATTENTION_BACKEND) not in decided:
-            decided.add((o.method, ATTENTION_BACKEND))
-            verdicts += [OptionVerdict(o.method, f"{ATTENTION_BACKEND}:{b}") for b in keep]
-            verdicts += [OptionVerdict(o.method, f"{ATTENTION_BACKEND}:{b}", why) for b, why in dropped]
+        drafters = [dataclasses.replace(o, drafter_backend=b) for b in backends(o.method, ATTENTION_BACKEND)]
+        out += [o, *drafters, *targets]
     return out

@@ -27,6 +27,7 @@ from tuner.domain import (
     TrialStatus,
     UnsafeArgument,
     env_name_allowed,
+    serve_env,
     throttled,
 )
 from tuner.workers.correctness import compare, greedy_outputs, not_gated, ungated_reason
@@ -121,8 +122,7 @@ class VllmRunner:
             return self._result(spec, progress, Failure(FailureClass.UNSUPPORTED, str(exc)), log_path, None, t0)
         trial_dir = log_path.with_suffix("")  # the trial's own files (tunable-op tables), beside its log
         env = device_env(
-            # the configuration's own needs (an AITER drafter backend) under the job's env, which may override
-            server_env(os.environ, opts.extra_env, {**spec.spec.serve_env(), **spec.serving.env}, trial_dir),
+            server_env(os.environ, opts.extra_env, serve_env(spec.serving, spec.spec), trial_dir),
             spec.gpu_ids,
             in_ray=opts.in_ray,
         )
