@@ -28,6 +28,7 @@ from tuner.domain import (
     from_jsonable,
     to_jsonable,
 )
+from tuner.domain.cost import gpus_held, trial_gpu_seconds
 from tuner.errors import Conflict
 from tuner.store.models import TrialRow
 from tuner.tuning import Claim, as_utc, utc_now
@@ -95,6 +96,9 @@ def finish_trial(session: Session, job_id: str, number: int, result: TrialResult
     row.duration_s = (
         result.wall_s if result.wall_s is not None else (now - started).total_seconds() if started else None
     )
+    job = tuning.get_job(session, job_id)
+    serving = tuning.job_spec(job).serving
+    row.gpu_seconds = trial_gpu_seconds(row.duration_s, gpus_held(serving, result.hardware or job.hardware))
     return result
 
 
@@ -171,6 +175,7 @@ def job_best(outcome: TuneOutcome, engine: Engine) -> dict[str, Any]:
         "speedup": to_jsonable(outcome.speedup),
         "notes": list(outcome.notes),
         "skipped": to_jsonable(outcome.skipped),
+        "grid_size": outcome.grid_size,
         "engine": engine.value,
         "simulated": engine is Engine.SIMULATED,
     }

@@ -18,11 +18,13 @@ from tuner.domain import (
     Engine,
     JobSpec,
     JobStatus,
+    Purpose,
     TrafficRequest,
     fingerprint,
     from_jsonable,
     to_jsonable,
 )
+from tuner.domain.cost import TrialCost, TuningCost, tuning_cost
 from tuner.errors import Conflict, InvalidInput, NotFound
 from tuner.store.models import DEFAULT_TEAM, JobRow, TrafficSampleRow, TrialRow, WorkerRow
 from tuner.traffic import requests_from_json, requests_to_json, sample_fingerprint, sample_stats
@@ -220,6 +222,16 @@ def get_job(session: Session, job_id: str, team: str | None = None) -> JobRow:
 def list_trials(session: Session, job_id: str, team: str | None = None) -> list[TrialRow]:
     get_job(session, job_id, team)
     return list(session.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.number)))
+
+
+def job_cost(row: JobRow, trials: Sequence[TrialRow]) -> TuningCost:
+    """What the job's finished trials cost in GPU-seconds, by purpose, beside the grid's estimate."""
+    grid = (row.best or {}).get("grid_size")
+    return tuning_cost(
+        (TrialCost(Purpose(t.purpose), t.duration_s, t.gpu_seconds) for t in trials),
+        grid_trials=int(grid) if grid else None,
+        simulated=row.engine == Engine.SIMULATED.value,
+    )
 
 
 def request_cancel(session: Session, job_id: str, team: str | None = None) -> JobRow:

@@ -63,6 +63,16 @@ def test_tune_to_recommendation(served: tuple[TestClient, dict[str, str]]) -> No
     assert trials[0]["method"] == "off" and trials[0]["purpose"] == "baseline"
     assert all(t["simulated"] and t["engine"] == "simulated" for t in trials)
     assert all(t["purpose"] in ("baseline", "search", "confirm") for t in trials)
+    # GPU-seconds: each trial's (simulated) wall time x the one GPU its server holds, summed by purpose
+    assert all(t["gpu_seconds"] == pytest.approx(t["duration_s"], abs=1e-3) for t in trials)
+    cost = job["cost"]
+    assert cost["simulated"] is True and cost["trials"] == len(trials)
+    assert cost["gpu_seconds"] == pytest.approx(sum(t["gpu_seconds"] for t in trials), abs=0.01)
+    for purpose in ("baseline", "search", "confirm"):
+        spent = sum(t["gpu_seconds"] for t in trials if t["purpose"] == purpose)
+        assert cost["by_purpose"].get(purpose, 0.0) == pytest.approx(spent, abs=0.01)
+    assert cost["grid_trials"] == job["best"]["grid_size"] > len(trials)
+    assert cost["grid_gpu_seconds"] > cost["gpu_seconds"] > 0
     # simulated results never answer a measured query
     assert (
         client.get("/recommendation", params={"model": "meta-llama/Llama-3.1-8B-Instruct"}, headers=auth).status_code
@@ -110,6 +120,13 @@ def test_tune_to_recommendation(served: tuple[TestClient, dict[str, str]]) -> No
     metrics = client.get("/metrics").text
     assert 'tuner_jobs{status="succeeded"} 1.0' in metrics
     assert 'tuner_trials_run_total{engine="simulated",status="succeeded"}' in metrics
+    search_spent = sum(t["gpu_seconds"] for t in trials if t["purpose"] == "search")
+    line = next(
+        ln
+        for ln in metrics.splitlines()
+        if ln.startswith('tuner_trial_gpu_seconds_total{engine="simulated",purpose="search"}')
+    )
+    assert float(line.split()[-1]) == pytest.approx(search_spent, rel=1e-6)
 
 
 def test_a_worker_refuses_trust_remote_code_unless_its_settings_allow_it(db_url: str, tmp_path: Path) -> None:

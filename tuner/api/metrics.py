@@ -30,6 +30,11 @@ class StoreCollector(Collector):
             durations = s.execute(
                 select(TrialRow.engine, TrialRow.duration_s).where(TrialRow.duration_s.is_not(None))
             ).all()
+            gpu_seconds = s.execute(
+                select(TrialRow.engine, TrialRow.purpose, func.sum(TrialRow.gpu_seconds))
+                .where(TrialRow.gpu_seconds.is_not(None))
+                .group_by(TrialRow.engine, TrialRow.purpose)
+            ).all()
         g = GaugeMetricFamily("tuner_jobs", "Tune jobs by status", labels=["status"])
         for st in JobStatus:
             g.add_metric([st.value], jobs.get(st.value, 0))
@@ -65,3 +70,11 @@ class StoreCollector(Collector):
             buckets = [(str(b), sum(v <= b for v in values)) for b in DURATION_BUCKETS] + [("+Inf", len(values))]
             h.add_metric([engine], buckets, sum_value=sum(values))
         yield h
+        gs = CounterMetricFamily(
+            "tuner_trial_gpu_seconds",
+            "GPU-seconds held by finished trials (wall time x GPUs; simulated seconds for engine=simulated)",
+            labels=["engine", "purpose"],
+        )
+        for engine, purpose, total in sorted(gpu_seconds, key=lambda r: (r[0] or "", r[1] or "")):
+            gs.add_metric([engine or "", purpose or ""], float(total or 0.0))
+        yield gs

@@ -263,6 +263,20 @@ class TuneIn(Strict):
         return ()
 
 
+class CostOut(BaseModel):
+    """GPU-seconds spent: each trial's wall time (start-up included) x the GPUs its server held (none on a
+    CPU host); simulated jobs' are simulated seconds. ``grid_gpu_seconds`` estimates a grid of the same space."""
+
+    gpu_seconds: float
+    gpu_hours: float
+    server_seconds: float
+    trials: int
+    by_purpose: dict[str, float]
+    grid_trials: int | None
+    grid_gpu_seconds: float | None
+    simulated: bool
+
+
 class JobOut(BaseModel):
     id: str
     status: str
@@ -282,6 +296,7 @@ class JobOut(BaseModel):
     finished_at: datetime | None
     links: dict[str, str]
     waiting_for: str | None = None  # why a queued job is not running yet, when we can tell
+    cost: CostOut | None = None  # GET /tune/{id}: what its finished trials cost
 
 
 class TrialOut(BaseModel):
@@ -299,6 +314,7 @@ class TrialOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     duration_s: float | None
+    gpu_seconds: float | None = None  # duration_s x the GPUs its server held
     result: dict[str, Any] | None
 
 

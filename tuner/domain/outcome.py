@@ -115,6 +115,7 @@ class TuneOutcome:
     # Levels where the deployed config measured slower than off beyond noise (label -> its speedup there):
     # never the levels carrying most of the weight; the per-range answers give off there.
     deployed_losses: Mapping[str, float] = field(default_factory=dict)
+    grid_size: int | None = None  # configurations in the searched space: what a grid search would launch
 
     @property
     def deployed(self) -> SpecConfig:

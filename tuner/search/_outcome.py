@@ -141,6 +141,7 @@ def build_outcome(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -
             noise=a.noise,
             skipped=_skipped(ctx, a, records),
             confirm_trials=_confirm_numbers(records),
+            grid_size=ctx.space.grid_size,
         ), None
 
     baselines = _confirm.runs_of(records, SpecConfig())
@@ -232,6 +233,7 @@ def build_outcome(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -
         engine=engine,
         noise=a.noise,
         deployed_losses=losses,
+        grid_size=ctx.space.grid_size,
     )
     return outcome, sched_speedup
 

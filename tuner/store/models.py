@@ -98,6 +98,7 @@ class TrialRow(Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     duration_s: Mapped[float | None] = mapped_column(Float)
+    gpu_seconds: Mapped[float | None] = mapped_column(Float)  # duration_s x the GPUs its server held
 
 
 class RecommendationRow(Base):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Response, status
@@ -12,7 +13,7 @@ from tuner import model_files, tuning
 from tuner.api.deps import Reader, SessionDep, SettingsDep, Writer
 from tuner.api.errors import problem_responses
 from tuner.api.limits import CheckedJsonRoute
-from tuner.api.schemas import JobId, JobOut, TrialOut, TuneIn
+from tuner.api.schemas import CostOut, JobId, JobOut, TrialOut, TuneIn
 from tuner.domain import Engine, JobSpec, JobStatus, ModelRef, SpecConfig, TrafficRequest, fingerprint, from_jsonable
 from tuner.errors import InvalidInput
 from tuner.load_levels import default_levels
@@ -45,6 +46,7 @@ def job_out(row: JobRow) -> JobOut:
             "self": f"/tune/{row.id}",
             "trials": f"/tune/{row.id}/trials",
             "cancel": f"/tune/{row.id}/cancel",
+            "report": f"/tune/{row.id}/report",
             "recommendation": f"/recommendation?model={row.model}"
             + ("&engine=simulated" if row.engine == Engine.SIMULATED.value else ""),
         },
@@ -67,6 +69,7 @@ def trial_out(row: TrialRow) -> TrialOut:
         started_at=row.started_at,
         finished_at=row.finished_at,
         duration_s=row.duration_s,
+        gpu_seconds=row.gpu_seconds,
         result=row.result,
     )
 
@@ -211,6 +214,8 @@ def _submit(
 def get_tune_job(job_id: JobId, who: Reader, session: SessionDep) -> JobOut:
     row = tuning.get_job(session, job_id, who.team_filter)
     out = job_out(row)
+    cost = tuning.job_cost(row, tuning.list_trials(session, job_id))
+    out.cost = CostOut(**dataclasses.asdict(cost), gpu_hours=round(cost.gpu_hours, 4))
     if row.status == JobStatus.QUEUED.value and row.engine == Engine.VLLM.value and row.hardware != "auto":
         if not tuning.hardware_seen(session, row.hardware):
             out.waiting_for = f"no worker has reported {row.hardware} GPUs; the job runs when one does"
