@@ -26,6 +26,13 @@ if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
   for _ in $(seq 1 60); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
 fi
 
+# 3b. Debian's chromium, for the job report's browser tests (Playwright drives it; its own download is not used).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  { apt-get install -y -q chromium >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; } \
+    || echo "chromium could not be installed: the report's browser tests will fail under CI=true" >&2
+fi
+
 # 4. Lint the code, then the deployment files.
 .venv/bin/ruff check tuner tests benchmarks examples migrations
 .venv/bin/ruff format --check --quiet tuner tests benchmarks examples migrations

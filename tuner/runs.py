@@ -176,6 +176,7 @@ def job_best(outcome: TuneOutcome, engine: Engine) -> dict[str, Any]:
         "notes": list(outcome.notes),
         "skipped": to_jsonable(outcome.skipped),
         "grid_size": outcome.grid_size,
+        "deployed_losses": dict(outcome.deployed_losses),
         "engine": engine.value,
         "simulated": engine is Engine.SIMULATED,
     }

@@ -36,6 +36,7 @@ class SkippedCandidate:
     spec: SpecConfig
     predicted_speedup: float
     reason: str
+    per_level: Mapping[str, float] = field(default_factory=dict)  # the predicted speedup at each level, if any
 
 
 @dataclass(frozen=True)

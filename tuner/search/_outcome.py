@@ -378,7 +378,8 @@ def _skipped(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -> tup
         else:
             reason = f"not run: budget spent (predicted {c.predicted:.3f}x)"
             pred = c.predicted
-        out.append(SkippedCandidate(c.spec, _finite(pred), reason))
+        per_level = {lb: _finite(v) for lb, v in (c.per_level or {}).items()}
+        out.append(SkippedCandidate(c.spec, _finite(pred), reason, per_level))
     for opt in ctx.space.options:
         if opt.key in a.excluded_arms:
             for spec in opt.specs():

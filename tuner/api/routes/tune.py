@@ -6,10 +6,11 @@ import dataclasses
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Response, status
+from fastapi.responses import HTMLResponse
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from tuner import model_files, tuning
+from tuner import model_files, report, tuning
 from tuner.api.deps import Reader, SessionDep, SettingsDep, Writer
 from tuner.api.errors import problem_responses
 from tuner.api.limits import CheckedJsonRoute
@@ -225,6 +226,19 @@ def get_tune_job(job_id: JobId, who: Reader, session: SessionDep) -> JobOut:
 @router.get("/tune/{job_id}/trials", response_model=list[TrialOut], responses=problem_responses(404))
 def get_tune_trials(job_id: JobId, who: Reader, session: SessionDep) -> list[TrialOut]:
     return [trial_out(t) for t in tuning.list_trials(session, job_id, who.team_filter)]
+
+
+@router.get(
+    "/tune/{job_id}/report",
+    response_class=HTMLResponse,
+    responses={200: {"content": {"text/html": {}}, "description": "One self-contained HTML page"}}
+    | problem_responses(404),
+)
+def get_tune_report(job_id: JobId, who: Reader, session: SessionDep) -> HTMLResponse:
+    """The job's report: speedup by concurrency, the deployed K by batch size, acceptance per position,
+    throughput against latency with the SLOs, the trial timeline with failures, what was not run and why, the
+    cost and the provenance. One HTML file with its charts' code inlined: it opens offline."""
+    return HTMLResponse(report.job_report(session, job_id, who.team_filter))
 
 
 @router.post(
