@@ -229,7 +229,7 @@ def _acceptance(results: Any) -> list[dict[str, Any]]:
     and the share of decode steps that proposed nothing (ngram and suffix find no match)."""
     totals: dict[str, tuple[SpecConfig, list[SpecDecodeStats]]] = {}
     for res in results:
-        if res.spec.is_off or not res.status.has_figures():
+        if res.spec.is_off or res.status is not TrialStatus.SUCCEEDED:  # a diverged run's acceptance misleads
             continue
         stats = [lr.spec_decode for lr in res.levels if lr.spec_decode and lr.spec_decode.num_drafts]
         if stats:
@@ -276,7 +276,11 @@ def _answer(recs: Sequence[RecommendationRow], best: Mapping[str, Any], levels: 
             "high": row.concurrency_high,
             "label": rec.spec.label(),
             "k": rec.spec.k_at(row.concurrency_low),
-            "speedup": rec.speedup.mean if rec.speedup else None,
+            # confirmed on fresh servers, else the level winner's search run (said so in the table)
+            "speedup": rec.speedup.mean
+            if rec.speedup
+            else (rec.per_level_winners[0].speedup if rec.per_level_winners else None),
+            "confirmed": rec.speedup is not None,
             "deploy_command": rec.deploy_command(),
         }
         if row.scope == "all":
@@ -406,7 +410,7 @@ def render_html(data: Mapping[str, Any]) -> str:
             _e(r["scope"]),
             f"{r['low']}-{r['high'] if r['high'] is not None else '∞'}",
             _e(r["label"]),
-            _num(r["speedup"], ".3f"),
+            _num(r["speedup"], ".3f") + ("" if r["confirmed"] or r["speedup"] is None else " (one search run)"),
             f"<code>{_e(r['deploy_command'])}</code>",
         ]
         for r in answer["ranges"]

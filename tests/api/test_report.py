@@ -3,9 +3,7 @@ and no request beyond itself, its charts plot exactly the job's trials, and it s
 
 from __future__ import annotations
 
-import json
 import re
-import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.test_traffic import sharegpt_subset
-from tests.browser import points, render
+from tests.browser import assert_charts_plot, render
 from tuner.api.app import create_app
 from tuner.auth import create_token
 from tuner.demo import LLAMA_8B_CONFIG
@@ -72,27 +70,6 @@ def finished(db_url: str, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str
         yield client, auth, job
 
 
-def _expected_speedups(trials: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    """Per configuration, (level, median speedup over every no-speculation run's median): the throughput
-    objective recomputed from the trials as the API returns them."""
-    base: dict[float, list[float]] = {}
-    runs: dict[str, dict[float, list[float]]] = {}
-    for t in trials:
-        if t["status"] != "succeeded":
-            continue
-        for lv in t["result"]["levels"]:
-            if t["speculative_config"] is None:
-                base.setdefault(lv["level"]["value"], []).append(lv["output_throughput"])
-    for t in trials:
-        if t["status"] != "succeeded" or t["speculative_config"] is None:
-            continue
-        key = json.dumps(t["speculative_config"], sort_keys=True)
-        for lv in t["result"]["levels"]:
-            b = statistics.median(base[lv["level"]["value"]])
-            runs.setdefault(key, {}).setdefault(lv["level"]["value"], []).append(lv["output_throughput"] / b)
-    return {k: sorted((x, statistics.median(v)) for x, v in per.items()) for k, per in runs.items()}
-
-
 def test_report_of_a_simulated_job(finished: tuple[TestClient, dict[str, str], dict[str, Any]], tmp_path: Path) -> None:
     client, auth, job = finished
     url = f"/tune/{job['id']}/report"
@@ -115,37 +92,7 @@ def test_report_of_a_simulated_job(finished: tuple[TestClient, dict[str, str], d
     assert set(CHARTS) <= set(seen.charts)
     assert seen.watermarks == len(CHARTS) and "[SIMULATED]" in seen.text
 
-    # throughput against p99 TPOT: one point per trial and level, exactly the trials' figures
-    plotted = sorted(p for pts in points(seen.charts["chart-pareto-tpot"]).values() for p in pts)
-    measured = sorted(
-        (lv["tpot_ms"]["p99"], lv["output_throughput"]) for t in trials if t["result"] for lv in t["result"]["levels"]
-    )
-    assert [v for p in plotted for v in p] == pytest.approx([v for p in measured for v in p])
-    # speedup by concurrency: each measured configuration's points are the trials' ratios to the baseline
-    drawn = points(seen.charts["chart-speedup"])
-    measured_series = sorted(sorted(v) for k, v in drawn.items() if not k.startswith("predicted: "))
-    expected = sorted(_expected_speedups(trials).values())
-    assert len(measured_series) == len(expected)
-    for got, want in zip(measured_series, expected, strict=True):
-        assert [v for p in got for v in p] == pytest.approx([v for p in want for v in p])
-    # cumulative acceptance per position: accepted at i / drafts over each configuration's runs and levels
-    sums: dict[str, tuple[list[int], int]] = {}
-    for t in trials:
-        if not (t["result"] and t["speculative_config"] and t["status"] == "succeeded"):
-            continue
-        for lv in t["result"]["levels"]:
-            sd = lv["spec_decode"]
-            if sd and sd["num_drafts"]:
-                acc, drafts = sums.setdefault(json.dumps(t["speculative_config"], sort_keys=True), ([], 0))
-                acc.extend([0] * (len(sd["accepted_per_position"]) - len(acc)))
-                for i, n in enumerate(sd["accepted_per_position"]):
-                    acc[i] += n
-                sums[json.dumps(t["speculative_config"], sort_keys=True)] = (acc, drafts + sd["num_drafts"])
-    want_acc = sorted([n / drafts for n in acc] for acc, drafts in sums.values())
-    got_acc = sorted([y for _, y in pts] for pts in points(seen.charts["chart-accept-cum"]).values())
-    assert len(got_acc) == len(want_acc)
-    for got, want in zip(got_acc, want_acc, strict=True):
-        assert got == pytest.approx(want)
+    assert_charts_plot(seen.charts, trials)
     # the cost section shows the job's GPU-seconds
     assert f"{job['cost']['gpu_seconds']:.1f} GPU-seconds" in seen.text
     failed = [t for t in trials if t["failure_class"]]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.browser import assert_charts_plot, render
 from tuner.api.app import create_app
 from tuner.auth import create_token
 from tuner.settings import Settings
@@ -60,7 +61,9 @@ def served(
         yield client, {"Authorization": f"Bearer {token}"}, settings
 
 
-def test_real_vllm_job_to_recommendation(served: tuple[TestClient, dict[str, str], Settings], tiny_model: Path) -> None:
+def test_real_vllm_job_to_recommendation(
+    served: tuple[TestClient, dict[str, str], Settings], tiny_model: Path, tmp_path: Path
+) -> None:
     client, auth, settings = served
     traffic = [{"prompt": p, "output_tokens": 24} for p in PROMPTS * 2]
     r = client.post(
@@ -136,3 +139,12 @@ def test_real_vllm_job_to_recommendation(served: tuple[TestClient, dict[str, str
         ).status_code
         == 404
     )
+    # its report renders offline in Chromium, plots these trials, and is not labelled simulated
+    page = client.get(f"{job_url}/report", headers=auth)
+    assert page.status_code == 200 and "SIMULATED" not in page.text
+    report = tmp_path / "report.html"
+    report.write_text(page.text, encoding="utf-8")
+    seen = render(report)
+    assert seen.console_errors == [] and seen.requests == [report.resolve().as_uri()]
+    assert seen.watermarks == 0
+    assert_charts_plot(seen.charts, trials)
