@@ -13,15 +13,19 @@ import json
 import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+from rich.console import Console
 
 from tuner import traffic
+from tuner.cli_progress import stderr_console
+from tuner.client import ApiError, ClientError, TunerClient
+from tuner.client_cli import follow_job, print_recommendation
 from tuner.model_files import TokenCounter, context_length, token_counter
 from tuner.settings import Settings
 
@@ -184,103 +188,75 @@ def run_demo(settings: Settings, *, model: str | None, engine: str, budget: int)
     app = create_app(settings, background=make_runner)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     base = f"http://127.0.0.1:{port}"
-    headers = {"Authorization": f"Bearer {token}"}
+    err = stderr_console()
     try:
-        with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+        with TunerClient(base, token) as client:
+            err.print(f"server starting: the API and its job runner on {base}", markup=False)
+            thread.start()
             deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if client.get("/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
+            while not client.health():
+                if time.monotonic() > deadline or not thread.is_alive():
                     _say("the API did not start")
                     return 1
                 time.sleep(0.1)
             _say(f"API up at {base} (OpenAPI at {base}/docs)")
-            context, count = _model_context(model)
-            sample_items, dropped = demo_traffic(context=context, count=count)
-            if dropped:
-                _say(f"traffic: left out {dropped} conversations longer than the model's {context}-token context")
-            if not sample_items:
-                _say(f"no sample request fits the model's {context}-token context")
-                return 1
-            up = client.post("/traffic", content=json.dumps(sample_items), headers={"content-type": "application/json"})
-            up.raise_for_status()
-            sample = up.json()
-            _say(f"traffic: {sample['request_count']} requests, workload class {sample['workload_class']}")
-            body: dict[str, Any] = {
-                "model": model,
-                "traffic": sample["id"],
-                "engine": engine,
-                "concurrency": [1, 8, 32, 128],
-                "num_requests": 64,
-                "budget": {"max_trials": budget},
-            }
-            if model == DEFAULT_MODEL:
-                body["hf_config"] = LLAMA_8B_CONFIG
-            r = client.post("/tune", json=body, headers={"Idempotency-Key": f"demo-{sample['id']}"})
-            r.raise_for_status()
-            job = r.json()
-            _say(f"job {job['id']} queued ({r.headers['location']})")
-            last = None
-            while job["status"] in ("queued", "running"):
-                time.sleep(0.5)
-                job = client.get(f"/tune/{job['id']}").json()
-                progress = (job["status"], (job.get("progress") or {}).get("trials_finished"))
-                if progress != last:
-                    _say(f"  {job['status']}: {progress[1] or 0} trials finished")
-                    last = progress
-            trials = client.get(f"/tune/{job['id']}/trials").json()
-            failed = [t for t in trials if t["failure_class"]]
-            _say(f"job {job['status']}: {len(trials)} trials, {len(failed)} failed")
-            for t in failed:
-                _say(f"  trial {t['number']} {t['method']}: {t['failure_class']}: {t['failure_reason']}")
-            if job["status"] != "succeeded":
-                _say(f"error: {job.get('error')}")
-                return 1
-            params = {"model": model, "engine": engine}
-            rec = client.get("/recommendation", params=params)
-            if rec.status_code != 200:
-                _say(f"no recommendation: {rec.json().get('detail')}")
-                return 1
-            print_recommendation(rec.json())
-            for c in (1, 128):
-                per = client.get("/recommendation", params=params | {"concurrency": c})
-                if per.status_code == 200:
-                    _say(f"at concurrency {c}: {per.json()['summary']}")
+            return _tune(client, model, engine, budget, err)
+    except ClientError as exc:
+        _say(f"error: {exc}")
+        return 1
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def _tune(client: TunerClient, model: str, engine: str, budget: int, err: Console) -> int:
+    """Upload the sample, post the job, follow it (the client's follow, drawn on stderr), print the answer."""
+    context, count = _model_context(model)
+    sample_items, dropped = demo_traffic(context=context, count=count)
+    if dropped:
+        _say(f"traffic: left out {dropped} conversations longer than the model's {context}-token context")
+    if not sample_items:
+        _say(f"no sample request fits the model's {context}-token context")
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "demo-traffic.json"
+        path.write_text(json.dumps(sample_items))
+        sample = client.upload_traffic(path)
+    _say(f"traffic: {sample['request_count']} requests, workload class {sample['workload_class']}")
+    body: dict[str, Any] = {
+        "model": model,
+        "traffic": sample["id"],
+        "engine": engine,
+        "concurrency": [1, 8, 32, 128],
+        "num_requests": 64,
+        "budget": {"max_trials": budget},
+    }
+    if model == DEFAULT_MODEL:
+        body["hf_config"] = LLAMA_8B_CONFIG
+    job = client.submit(body, idempotency_key=f"demo-{sample['id']}")
+    _say(f"job {job['id']} queued (/tune/{job['id']})")
+    snap = follow_job(client, job["id"], poll_s=0.5, console=err)
+    failed = [t for t in snap.trials if t["failure_class"]]
+    _say(f"job {snap.job['status']}: {len(snap.trials)} trials, {len(failed)} failed")
+    for t in failed:
+        _say(f"  trial {t['number']} {t['method']}: {t['failure_class']}: {t['failure_reason']}")
+    if snap.job["status"] != "succeeded":
+        _say(f"error: {snap.job.get('error')}")
+        return 1
+    params: dict[str, Any] = {"engine": engine}
+    try:
+        print_recommendation(client.recommendation(model, **params))
+    except ApiError as exc:
+        _say(f"no recommendation: {exc.detail}")
+        return 1
+    for c in (1, 128):
+        try:
+            _say(f"at concurrency {c}: {client.recommendation(model, **params, concurrency=c)['summary']}")
+        except ApiError:
+            pass  # no answer for that range
+    sys.stdout.flush()
     return 0
-
-
-def print_recommendation(rec: dict[str, Any]) -> None:
-    tag = "SIMULATED " if rec["simulated"] else ""
-    _say(BANNER)
-    _say(f"{tag}RECOMMENDATION for {rec['model']['name']} on {rec['hardware']} (engine: {rec['engine']})")
-    _say(BANNER)
-    _say(rec["summary"])
-    _say("--speculative-config " + (json.dumps(rec["speculative_config"]) if rec["speculative_config"] else "(none)"))
-    _say("deploy: " + rec["deploy_command"])
-    if rec.get("acceptance_length"):
-        _say(f"mean acceptance length: {rec['acceptance_length']:.2f}")
-    for w in rec.get("per_level_winners") or []:
-        _say(f"  best at {w['level']}: {_label(w['spec'])} ({w['speedup']:.2f}x vs no speculation)")
-    for note in rec.get("notes") or []:
-        _say(f"note: {note}")
-    _say(f"provenance: job {rec['provenance']['job_id']}, trials {rec['provenance']['trial_numbers']}")
-
-
-def _label(spec: dict[str, Any]) -> str:
-    if spec.get("method") in (None, "off"):
-        return "off"
-    return f"{spec['method']} k={spec.get('num_speculative_tokens')}" + (
-        f" schedule={spec['schedule']}" if spec.get("schedule") else ""
-    )
 
 
 if __name__ == "__main__":

@@ -8,34 +8,77 @@ from the local vLLM (``--vllm-python``, ``TUNER_VLLM_PYTHON``). Nothing is launc
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import httpx
+import typer
 
 from tuner.domain import Method, VllmCapabilities
 from tuner.settings import Settings
 
-
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
-    p = sub.add_parser("space", help="print the search space a job would get and why each option is in or out")
-    p.add_argument("--model", required=True, help="the target: HF id or local path")
-    p.add_argument("--config", type=Path, help="the model's config.json (default: the model's directory or HF cache)")
-    p.add_argument("--job", type=Path, help="a POST /tune body: its methods, drafts, depths and serving args apply")
-    p.add_argument("--hardware", help="the chip family (default: the worker's, else this host's)")
-    p.add_argument("--methods", nargs="+", choices=[m.value for m in Method if m is not Method.OFF])
-    p.add_argument("--server", help="a spec-tuner URL: use what its workers reported (GET /workers)")
-    p.add_argument("--token", default=os.environ.get("TUNER_TOKEN"), help="API token (default: $TUNER_TOKEN)")
-    p.add_argument("--vllm-python", help="without --server: the interpreter whose vLLM to probe")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    return p
+LIST_FLAGS = ("--methods",)
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
+@dataclass(frozen=True, kw_only=True)
+class SpaceArgs:
+    model: str
+    config: Path | None = None
+    job: Path | None = None
+    hardware: str | None = None
+    methods: list[str] | None = None
+    server: str | None = None
+    token: str | None = None
+    vllm_python: str | None = None
+    json: bool = False
+
+
+def register(app: typer.Typer, settings: Any) -> None:
+    """Add ``tuner space`` to ``app``; ``settings`` makes the service's Settings when the command runs."""
+
+    @app.command("space", help="Print the search space a job would get and why each option is in or out.")
+    def space(
+        model: Annotated[str, typer.Option(help="the target: HF id or local path")],
+        config: Annotated[
+            Path | None, typer.Option(help="the model's config.json (default: the model's directory or HF cache)")
+        ] = None,
+        job: Annotated[
+            Path | None, typer.Option(help="a POST /tune body: its methods, drafts, depths and serving args apply")
+        ] = None,
+        hardware: Annotated[
+            str | None, typer.Option(help="the chip family (default: the worker's, else this host's)")
+        ] = None,
+        methods: Annotated[list[Method] | None, typer.Option(help="e.g. --methods ngram suffix")] = None,
+        server: Annotated[
+            str | None, typer.Option(help="a spec-tuner URL: use what its workers reported (GET /workers)")
+        ] = None,
+        token: Annotated[
+            str | None, typer.Option(help="API token (default: $TUNER_TOKEN, else the client config file)")
+        ] = None,
+        vllm_python: Annotated[
+            str | None, typer.Option(help="without --server: the interpreter whose vLLM to probe")
+        ] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    ) -> None:
+        if methods and Method.OFF in methods:
+            raise typer.BadParameter("off is always offered (the baseline); name the others", param_hint="--methods")
+        args = SpaceArgs(
+            model=model,
+            config=config,
+            job=job,
+            hardware=hardware,
+            methods=[m.value for m in methods] if methods else None,
+            server=server,
+            token=token,
+            vllm_python=vllm_python,
+            json=json_out,
+        )
+        raise typer.Exit(run(args, settings()))
+
+
+def run(args: SpaceArgs, settings: Settings) -> int:
     from tuner.search import build_space, read_model_config
     from tuner.wiring import compat_rules
 
@@ -61,7 +104,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         hardware=hardware,
         vllm_version=capabilities.version if capabilities else None,
         methods=[Method(m) for m in methods] if methods else None,
-        depth_range=tuple(search["depth_range"]) if search.get("depth_range") else None,  # type: ignore[arg-type]
+        depth_range=tuple(search["depth_range"]) if search.get("depth_range") else None,
         drafts={Method(m): list(d) for m, d in (search.get("drafts") or {}).items()} or None,
         compat_overrides={Method(m): v for m, v in (search.get("compat_overrides") or {}).items()} or None,
         rules=compat_rules(settings),
@@ -79,18 +122,18 @@ def _backends(value: Any) -> str | dict[Method, str] | None:
     return {Method(m): b for m, b in value.items()} if isinstance(value, dict) else value
 
 
-def _capabilities(args: argparse.Namespace) -> tuple[VllmCapabilities | None, str, str]:
+def _capabilities(args: SpaceArgs) -> tuple[VllmCapabilities | None, str, str]:
     """The capabilities to build for, the hardware, and where the capabilities came from."""
     if args.server:
-        headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+        from tuner.client import ClientError, TunerClient
+        from tuner.client_config import resolve
+
         try:
-            resp = httpx.get(args.server.rstrip("/") + "/workers", headers=headers, timeout=30)
-        except httpx.HTTPError as exc:
-            raise RuntimeError(f"{args.server}: {exc}") from exc
-        if resp.status_code != 200:
-            detail = resp.json().get("detail", resp.text) if resp.content else resp.reason_phrase
-            raise RuntimeError(f"{args.server}/workers answered {resp.status_code}: {detail}")
-        workers = resp.json()
+            token = resolve(args.server, args.token).token  # the flag, $TUNER_TOKEN, or the client config file
+            with TunerClient(args.server, token) as client:
+                workers = client.workers()
+        except ClientError as exc:
+            raise RuntimeError(f"{args.server}/workers: {exc}") from exc
         if args.hardware:
             workers = [w for w in workers if args.hardware in (w.get("families") or [w.get("hardware")])]
         reported = [w for w in workers if w.get("vllm_capabilities")]
@@ -98,8 +141,8 @@ def _capabilities(args: argparse.Namespace) -> tuple[VllmCapabilities | None, st
             which = f" for {args.hardware}" if args.hardware else ""
             raise RuntimeError(f"no worker{which} at {args.server} has reported its vLLM's capabilities")
         worker = reported[0]  # the most recently seen
-        caps = VllmCapabilities.from_dict(worker["vllm_capabilities"])
-        return caps, args.hardware or worker.get("hardware") or "auto", f"reported by worker {worker['name']}"
+        reported_caps = VllmCapabilities.from_dict(worker["vllm_capabilities"])
+        return reported_caps, args.hardware or worker.get("hardware") or "auto", f"reported by worker {worker['name']}"
     from tuner.workers.hardware import worker_host_report
     from tuner.workers.options import default_vllm_python
     from tuner.workers.vllm_probe import ProbeError, probe_python

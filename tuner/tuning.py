@@ -219,6 +219,28 @@ def get_job(session: Session, job_id: str, team: str | None = None) -> JobRow:
     return row
 
 
+def list_jobs(
+    session: Session, team: str | None, *, limit: int, before: str | None = None, status: str | None = None
+) -> list[JobRow]:
+    """``team``'s jobs (None: every team's), newest first, at most ``limit``; ``before``: only jobs created
+    before that one (the next page), which must itself be the team's."""
+    query = select(JobRow)
+    if team is not None:
+        query = query.where(JobRow.team == team)
+    if status is not None:
+        query = query.where(JobRow.status == status)
+    if before is not None:
+        anchor = get_job(session, before, team)
+        # ties on created_at are broken by id, so a page boundary between equal timestamps loses nothing
+        query = query.where(
+            or_(
+                JobRow.created_at < anchor.created_at,
+                and_(JobRow.created_at == anchor.created_at, JobRow.id < anchor.id),
+            )
+        )
+    return list(session.scalars(query.order_by(JobRow.created_at.desc(), JobRow.id.desc()).limit(limit)))
+
+
 def list_trials(session: Session, job_id: str, team: str | None = None) -> list[TrialRow]:
     get_job(session, job_id, team)
     return list(session.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.number)))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -95,16 +96,22 @@ def test_bench_refuses_more_requests_than_the_cap(server: str, traffic: Path, ca
 
 
 def test_api_key_and_headers_become_request_headers(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.cli import build_parser
-    from tuner.workers.bench_cli import connection
+    import typer
+
+    from tuner.workers.bench_cli import BenchArgs, connection
 
     monkeypatch.setenv("OPENAI_API_KEY", "from-env")
-    base = ["bench", "--base-url", "https://x", "--model", "m", "--traffic", "t"]
-    args = build_parser().parse_args([*base, "--header", "X-Team: infra", "--insecure"])
-    conn = connection(args)
+    base = BenchArgs(base_url="https://x", model="m", traffic=Path("t"))
+    conn = connection(replace(base, header=["X-Team: infra"], insecure=True))
     assert conn.headers == (("Authorization", "Bearer from-env"), ("X-Team", "infra"))
     assert conn.ssl_context() is False
-    args = build_parser().parse_args([*base, "--api-key", "k", "--ca-cert", "/etc/ssl/certs/ca-certificates.crt"])
+    args = replace(base, api_key="k", ca_cert="/etc/ssl/certs/ca-certificates.crt")
     assert connection(args).headers[0] == ("Authorization", "Bearer k")
-    with pytest.raises(SystemExit):
-        connection(build_parser().parse_args([*base, "--header", "no colon"]))
+    with pytest.raises(typer.BadParameter):
+        connection(replace(base, header=["no colon"]))
+
+
+def test_insecure_and_a_ca_bundle_are_alternatives(traffic: Path, capsys) -> None:
+    base = ["--base-url", "https://x", "--model", "m", "--traffic", str(traffic)]
+    code, _, err = _bench(capsys, *base, "--insecure", "--ca-cert", "/etc/ssl/certs/ca-certificates.crt")
+    assert code == 2 and "alternatives" in err

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tuner.cli import main
 from tuner.domain import LoadKind
 from tuner.workers import trial_cli
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="tuner")
-    trial_cli.register(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+from tuner.workers.trial_cli import TrialArgs
 
 
 @pytest.fixture
@@ -28,12 +24,10 @@ def traffic(tmp_path: Path) -> Path:
 
 
 def test_build_trial_from_flags(traffic: Path) -> None:
-    args = _parse(
-        [
-            "trial", "--model", "m", "--traffic", str(traffic), "--rate", "2", "8", "--num-requests", "5",
-            "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}',
-            "--serving", '{"max_model_len": 512}', "--gpu-ids", "0,1",
-        ]
+    args = TrialArgs(
+        model="m", traffic=traffic, rate=[2, 8], num_requests=5,
+        speculative_config='{"method": "ngram", "num_speculative_tokens": 3}',
+        serving='{"max_model_len": 512}', gpu_ids="0,1",
     )  # fmt: skip
     trial = trial_cli.build_trial(args)
     assert [(lv.kind, lv.value, lv.num_requests) for lv in trial.levels] == [
@@ -45,24 +39,44 @@ def test_build_trial_from_flags(traffic: Path) -> None:
     assert trial.serving.args == {"max_model_len": 512}
 
 
-def test_concurrency_and_rate_are_exclusive(traffic: Path) -> None:
-    with pytest.raises(SystemExit):
-        _parse(["trial", "--model", "m", "--traffic", str(traffic), "--concurrency", "1", "--rate", "2"])
+def test_concurrency_and_rate_are_exclusive(traffic: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["trial", "--model", "m", "--traffic", str(traffic), "--concurrency", "1", "--rate", "2"]
+    assert main([*argv, "--engine", "simulated"]) == 2
+    assert "--concurrency and --rate are alternatives" in capsys.readouterr().err
+
+
+def test_list_flags_take_their_values_space_separated_or_repeated() -> None:
+    from tuner.cli import spread_list_flags
+
+    assert spread_list_flags(["trial", "--rate", "2", "8", "--json"]) == [
+        "trial",
+        "--rate",
+        "2",
+        "--rate",
+        "8",
+        "--json",
+    ]
+    assert spread_list_flags(["trial", "--concurrency", "1", "--concurrency", "4"]) == [
+        "trial", "--concurrency", "1", "--concurrency", "4",
+    ]  # fmt: skip
+    assert spread_list_flags(["recommend", "--concurrency", "8"]) == ["recommend", "--concurrency", "8"]
 
 
 def test_simulated_engine_json_output(traffic: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = '{"method": "ngram", "num_speculative_tokens": 3}'
     argv = ["trial", "--model", "m", "--traffic", str(traffic), "--engine", "simulated", "--json"]
-    args = _parse([*argv, "--concurrency", "1", "4", "--speculative-config", spec])
-    assert args.func(args) == 0
-    out = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--concurrency", "1", "4", "--speculative-config", spec]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
     assert out["engine"] == "simulated" and [lv["level"]["kind"] for lv in out["levels"]] == ["concurrency"] * 2
+    # the stages on stderr, stdout left to the JSON
+    assert "level 1 of 2 (c1)" in captured.err and "level 2 of 2 (c4)" in captured.err
 
 
 def test_simulated_engine_human_summary(traffic: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = '{"method": "ngram", "num_speculative_tokens": 3}'
     argv = ["trial", "--model", "m", "--traffic", str(traffic), "--engine", "simulated", "--speculative-config", spec]
-    assert trial_cli.main(argv) == 0
+    assert main(argv) == 0
     text = capsys.readouterr().out
     assert text.startswith("trial succeeded: ngram k=3 on simulated")
     assert "c1:" in text and "acceptance rate" in text
@@ -112,12 +126,12 @@ def test_the_server_command_follows_the_flag_then_the_services_setting(
     from tuner.settings import Settings
 
     monkeypatch.setenv("TUNER_VLLM_EXECUTABLE", "/opt/vllm/bin/vllm")
-    base = ["trial", "--model", "m", "--traffic", str(traffic), "--concurrency", "1"]
+    base = TrialArgs(model="m", traffic=traffic, concurrency=[1])
     executable = Settings().vllm_executable
     assert executable == "/opt/vllm/bin/vllm"
-    runner = trial_cli.evaluator(_parse(base), vllm_executable=executable)
+    runner = trial_cli.evaluator(base, vllm_executable=executable)
     assert runner.options.server_command() == ["/opt/vllm/bin/vllm", "serve"]
-    flagged = trial_cli.evaluator(_parse([*base, "--vllm-command", '["my-vllm", "serve"]']), vllm_executable=executable)
+    flagged = trial_cli.evaluator(replace(base, vllm_command='["my-vllm", "serve"]'), vllm_executable=executable)
     assert flagged.options.server_command() == ["my-vllm", "serve"]
-    default = trial_cli.evaluator(_parse([*base, "--vllm-python", "/venv/bin/python"]))
+    default = trial_cli.evaluator(replace(base, vllm_python="/venv/bin/python"))
     assert default.options.server_command()[:2] == ["/venv/bin/python", "-m"]

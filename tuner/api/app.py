@@ -14,7 +14,7 @@ from tuner.api import errors
 from tuner.api.authenticate import Authenticate
 from tuner.api.limits import BodyLimit
 from tuner.api.metrics import StoreCollector
-from tuner.api.routes import health, recommendation, traffic, tune, workers
+from tuner.api.routes import health, jobs, recommendation, traffic, tune, workers
 from tuner.recommendations import RenderCache
 from tuner.settings import AuthMode, Settings
 from tuner.store.db import make_engine, make_session_factory
@@ -60,7 +60,7 @@ def create_app(settings: Settings | None = None, *, background: BackgroundFactor
     app.add_middleware(BodyLimit, max_bytes=settings.max_traffic_bytes + settings.max_request_overhead_bytes)
     # added last, so outermost: an unauthenticated request is refused before its size is even looked at
     app.add_middleware(Authenticate, open_mode=settings.auth is AuthMode.OPEN, cache_s=settings.token_cache_s)
-    for module in (tune, traffic, recommendation, workers, health):
+    for module in (tune, jobs, traffic, recommendation, workers, health):
         app.include_router(module.router)
     _problem_only_errors(app)
     return app

@@ -27,7 +27,9 @@ from tuner.domain.contracts import (
     Reclaimed,
     TrialContext,
     TrialExecutor,
+    TrialProgress,
     TrialSpec,
+    TrialStage,
     throttled,
 )
 from tuner.domain.job import (
@@ -150,6 +152,8 @@ __all__ = [
     "TrafficFormat",
     "TrafficRequest",
     "TrialContext",
+    "TrialProgress",
+    "TrialStage",
     "TrialExecutor",
     "TrialProcess",
     "TrialResult",

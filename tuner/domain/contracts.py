@@ -40,13 +40,35 @@ class TrialSpec:
         object.__setattr__(self, "requests", tuple(self.requests))
 
 
+class TrialStage(StrEnum):
+    """Where a running trial is, as an evaluator reports it (``TrialContext.on_progress``)."""
+
+    STARTING = "starting"  # the server was launched; waiting for it to answer
+    READY = "ready"  # the server answers; ``TrialProgress.startup_s`` says how long it took
+    MEASURING = "measuring"  # one load level: ``level`` of ``levels``
+    CHECKING = "checking"  # the correctness gate's greedy outputs
+
+
+@dataclass(frozen=True)
+class TrialProgress:
+    stage: TrialStage
+    levels: int  # how many load levels the trial measures
+    level: int | None = None  # 1-based, while measuring
+    label: str | None = None  # the level's label, e.g. "c8"
+    startup_s: float | None = None
+
+
 @dataclass(frozen=True)
 class TrialContext:
-    """What a runner hands an evaluator beyond the spec: cancellation and process bookkeeping."""
+    """What a runner hands an evaluator beyond the spec: cancellation, process bookkeeping, progress.
+
+    ``on_progress`` is told each stage as it begins; it must be cheap and must not raise (``tuner trial``
+    draws it; a job's runner ignores it)."""
 
     is_cancelled: Callable[[], bool] = lambda: False
     on_process_started: Callable[[int], None] = lambda pgid: None  # store the pgid for recovery
     log_dir: str | None = None
+    on_progress: Callable[[TrialProgress], None] = lambda progress: None
 
 
 def throttled(fn: Callable[[], bool], every_s: float) -> Callable[[], bool]:

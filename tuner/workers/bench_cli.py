@@ -12,64 +12,137 @@ replica answered, so without ``--metrics-url`` acceptance is reported as unknown
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from tuner.domain import SLO, LevelResult, LoadLevel, to_jsonable
+from tuner.load_levels import DEFAULT_WARMUP_REQUESTS
 from tuner.workers.measure import Clients, Target, measure_level
 from tuner.workers.replay import Connection, ReplaySettings, make_client, stream_client
-from tuner.workers.trial_cli import add_load_arguments, format_level, load_levels
+from tuner.workers.trial_cli import (
+    Concurrency,
+    LoadArgs,
+    NumRequests,
+    Rate,
+    Timestamps,
+    Warmup,
+    format_level,
+    load_levels,
+)
 
 API_KEY_ENV = "OPENAI_API_KEY"  # what `vllm bench serve` and the OpenAI clients read
 
 
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
-    """Add the ``bench`` subcommand; its ``func`` default takes the parsed args and returns an exit code."""
-    p = subparsers.add_parser("bench", help="measure a running OpenAI-compatible server with the trial harness")
-    p.add_argument("--base-url", required=True, help="the server, e.g. https://llm.internal:8000")
-    p.add_argument("--model", required=True, help="the served model name")
-    p.add_argument("--traffic", required=True, type=Path, help="JSONL / JSON / ShareGPT traffic sample")
-    add_load_arguments(p)
-    p.add_argument("--metrics-url", default=None, help="base URL of the same server's /metrics (omit: unknown)")
-    p.add_argument("--api-key", default=None, help=f"sent as a bearer token (default: ${API_KEY_ENV})")
-    p.add_argument("--header", action="append", default=[], help="an extra request header, 'Name: value'")
-    tls = p.add_mutually_exclusive_group()
-    tls.add_argument("--insecure", action="store_true", help="do not verify the server's TLS certificate")
-    tls.add_argument("--ca-cert", default=None, help="a CA bundle to verify the server's certificate with")
-    p.add_argument("--max-requests", type=int, default=5000, help="refuse to send more than this in all")
-    p.add_argument("--client-processes", type=int, default=1, help="client processes per window")
-    p.add_argument("--max-client-processes", type=int, default=None, help="re-measure a client-bound window up to")
-    p.add_argument(
-        "--token-ids",
-        action="store_true",
-        help="ask for token ids (exact tokens per chunk, per-token ITL; vLLM only); costs the server some work",
-    )
-    p.add_argument("--no-ignore-eos", action="store_true", help="let outputs end at EOS (non-vLLM servers)")
-    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.set_defaults(func=run)
-    return p
+@dataclass(frozen=True, kw_only=True)
+class BenchArgs(LoadArgs):
+    """``tuner bench``'s flags."""
+
+    base_url: str
+    model: str
+    traffic: Path
+    metrics_url: str | None = None
+    api_key: str | None = None
+    header: list[str] | None = None
+    insecure: bool = False
+    ca_cert: str | None = None
+    max_requests: int = 5000
+    client_processes: int = 1
+    max_client_processes: int | None = None
+    token_ids: bool = False
+    no_ignore_eos: bool = False
+    timeout: float = 600.0
+    json: bool = False
 
 
-def connection(args: argparse.Namespace) -> Connection:
+def register(app: typer.Typer) -> None:
+    """Add ``tuner bench`` to ``app``."""
+
+    @app.command("bench", help="Measure a running OpenAI-compatible server with the trial harness.")
+    def bench_command(
+        base_url: Annotated[str, typer.Option(help="the server, e.g. https://llm.internal:8000")],
+        model: Annotated[str, typer.Option(help="the served model name")],
+        traffic: Annotated[Path, typer.Option(help="JSONL / JSON / ShareGPT traffic sample")],
+        concurrency: Concurrency = None,
+        rate: Rate = None,
+        timestamps: Timestamps = False,
+        num_requests: NumRequests = None,
+        warmup: Warmup = DEFAULT_WARMUP_REQUESTS,
+        metrics_url: Annotated[
+            str | None, typer.Option(help="base URL of the same server's /metrics (omit: unknown)")
+        ] = None,
+        api_key: Annotated[str | None, typer.Option(help=f"sent as a bearer token (default: ${API_KEY_ENV})")] = None,
+        header: Annotated[
+            list[str] | None, typer.Option(help="an extra request header, 'Name: value' (repeatable)")
+        ] = None,
+        insecure: Annotated[
+            bool, typer.Option("--insecure", help="do not verify the server's TLS certificate")
+        ] = False,
+        ca_cert: Annotated[str | None, typer.Option(help="a CA bundle to verify the server's certificate with")] = None,
+        max_requests: Annotated[int, typer.Option(help="refuse to send more than this in all")] = 5000,
+        client_processes: Annotated[int, typer.Option(help="client processes per window")] = 1,
+        max_client_processes: Annotated[int | None, typer.Option(help="re-measure a client-bound window up to")] = None,
+        token_ids: Annotated[
+            bool,
+            typer.Option(
+                "--token-ids",
+                help="ask for token ids (exact tokens per chunk, per-token ITL; vLLM only); costs the server some work",
+            ),
+        ] = False,
+        no_ignore_eos: Annotated[
+            bool, typer.Option("--no-ignore-eos", help="let outputs end at EOS (non-vLLM servers)")
+        ] = False,
+        timeout: Annotated[float, typer.Option(help="per-request timeout (s)")] = 600.0,
+        json_out: Annotated[bool, typer.Option("--json", help="print the figures as JSON")] = False,
+    ) -> None:
+        if insecure and ca_cert:
+            raise typer.BadParameter("--insecure and --ca-cert are alternatives: give one", param_hint="--insecure")
+        args = BenchArgs(
+            concurrency=concurrency,
+            rate=rate,
+            timestamps=timestamps,
+            num_requests=num_requests,
+            warmup=warmup,
+            base_url=base_url,
+            model=model,
+            traffic=traffic,
+            metrics_url=metrics_url,
+            api_key=api_key,
+            header=header,
+            insecure=insecure,
+            ca_cert=ca_cert,
+            max_requests=max_requests,
+            client_processes=client_processes,
+            max_client_processes=max_client_processes,
+            token_ids=token_ids,
+            no_ignore_eos=no_ignore_eos,
+            timeout=timeout,
+            json=json_out,
+        )
+        args.check()
+        raise typer.Exit(run(args))
+
+
+def connection(args: BenchArgs) -> Connection:
     headers: list[tuple[str, str]] = []
     key = args.api_key or os.environ.get(API_KEY_ENV)
     if key:
         headers.append(("Authorization", f"Bearer {key}"))
-    for h in args.header:
+    for h in args.header or ():
         name, sep, value = h.partition(":")
         if not sep or not name.strip():
-            raise SystemExit(f"tuner bench: --header wants 'Name: value', got {h!r}")
+            raise typer.BadParameter(f"--header wants 'Name: value', got {h!r}", param_hint="--header")
         headers.append((name.strip(), value.strip()))
     return Connection(tuple(headers), verify_tls=not args.insecure, ca_file=args.ca_cert)
 
 
-async def bench(args: argparse.Namespace, levels: tuple[LoadLevel, ...], requests: list[Any]) -> list[LevelResult]:
+async def bench(args: BenchArgs, levels: tuple[LoadLevel, ...], requests: list[Any]) -> list[LevelResult]:
     target = Target(
         args.base_url.rstrip("/"), args.metrics_url.rstrip("/") if args.metrics_url else None, connection(args)
     )
@@ -113,7 +186,7 @@ def format_bench(base_url: str, results: list[LevelResult], metrics: bool) -> st
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: BenchArgs) -> int:
     from tuner.traffic import parse_traffic
 
     levels = load_levels(args)

@@ -29,8 +29,10 @@ from tuner.domain import (
     SpecConfig,
     TrafficRequest,
     TrialContext,
+    TrialProgress,
     TrialResult,
     TrialSpec,
+    TrialStage,
     TrialStatus,
     mtp_depth_allowed,
     parse_version,
@@ -115,6 +117,7 @@ class SimulatedEngine:
         levels: list[LevelResult] = []
         crash_at = max(1, len(spec.levels) - 1) if spec.spec.method in self.model.crashing else None
         for i, level in enumerate(spec.levels):
+            ctx.on_progress(TrialProgress(TrialStage.MEASURING, len(spec.levels), level=i + 1, label=level.label))
             if ctx.is_cancelled():
                 failure = Failure(FailureClass.CANCELLED, "cancelled during running")
                 return self._result(spec, TrialStatus.CANCELLED, levels, failure=failure, startup=startup)

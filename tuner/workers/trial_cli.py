@@ -10,11 +10,14 @@ load level, all measured on one server launch.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import typer
 
 from tuner.domain import (
     Evaluator,
@@ -24,6 +27,7 @@ from tuner.domain import (
     ModelRef,
     ServingConfig,
     SpecConfig,
+    TrialContext,
     TrialResult,
     TrialSpec,
     to_jsonable,
@@ -32,52 +36,125 @@ from tuner.load_levels import DEFAULT_NUM_REQUESTS, DEFAULT_WARMUP_REQUESTS, REQ
 from tuner.settings import parse_cpu_list
 from tuner.workers.options import CPU_SERVER_ENV, RunnerOptions, default_client_cpus
 
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
-    """Add the ``trial`` subcommand; its ``func`` default takes the parsed args and returns an exit code."""
-    p = subparsers.add_parser("trial", help="run one server configuration at one or more load levels")
-    p.add_argument("--model", required=True, help="HF id or local path of the target model")
-    p.add_argument("--traffic", required=True, type=Path, help="JSONL / JSON / ShareGPT traffic sample")
-    p.add_argument("--speculative-config", default=None, help="vLLM speculative config as JSON (omit: none)")
-    add_load_arguments(p)
-    p.add_argument("--serving", default="{}", help='vLLM serving args as JSON, e.g. {"max_model_len": 4096}')
-    p.add_argument("--gpu-ids", default=None, help="comma-separated physical GPU ids")
-    p.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
-    p.add_argument("--vllm-command", default=None, help='server argv prefix as JSON, e.g. ["vllm", "serve"]')
-    p.add_argument("--vllm-python", default=None, help="python of the vLLM venv (module entry point)")
-    p.add_argument("--cpu", action="store_true", help="add the environment vLLM needs on a CPU-only host")
-    p.add_argument("--log-dir", default=None)
-    p.add_argument("--startup-timeout", type=float, default=900.0)
-    p.add_argument("--client-processes", type=int, default=1, help="client processes per window")
-    p.add_argument("--max-client-processes", type=int, default=None, help="re-measure a client-bound window up to")
-    p.add_argument(
-        "--client-cpus",
-        default="auto",
-        help="cores for the clients, e.g. 6-7 (the server gets the rest); auto: the last quarter of this host's "
-        "cores (1-8); none: no pinning",
-    )
-    p.add_argument("--json", action="store_true", help="print the TrialResult as JSON")
-    p.set_defaults(func=run)
-    return p
-
-
-def add_load_arguments(p: argparse.ArgumentParser) -> None:
-    """The load levels, as ``tuner trial`` and ``tuner bench`` both take them."""
-    load = p.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", type=int, nargs="+", help="closed-loop levels (requests in flight)")
-    load.add_argument("--rate", type=float, nargs="+", help="open-loop Poisson levels (requests/s)")
-    load.add_argument("--timestamps", action="store_true", help="replay at the sample's own arrival times")
-    p.add_argument(
-        "--num-requests",
-        type=int,
-        default=None,
+# The load flags, as ``tuner trial`` and ``tuner bench`` both take them. A list flag takes its values
+# space-separated (``--concurrency 1 8``, as under argparse) or repeated (``--concurrency 1 --concurrency 8``).
+Concurrency = Annotated[
+    list[int] | None, typer.Option(help="closed-loop levels (requests in flight), e.g. --concurrency 1 8")
+]
+Rate = Annotated[list[float] | None, typer.Option(help="open-loop Poisson levels (requests/s), e.g. --rate 2 8")]
+Timestamps = Annotated[bool, typer.Option("--timestamps", help="replay at the sample's own arrival times")]
+NumRequests = Annotated[
+    int | None,
+    typer.Option(
         help=f"measured requests per level (default: {DEFAULT_NUM_REQUESTS}, or {REQUESTS_PER_SLOT} x the "
-        "concurrency when more, so most of the window is steady state)",
-    )
-    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP_REQUESTS, help="warm-up requests per level")
+        "concurrency when more, so most of the window is steady state)"
+    ),
+]
+Warmup = Annotated[int, typer.Option(help="warm-up requests per level")]
+LIST_FLAGS = ("--concurrency", "--rate")
 
 
-def load_levels(args: argparse.Namespace) -> tuple[LoadLevel, ...]:
+@dataclass(frozen=True)
+class LoadArgs:
+    concurrency: list[int] | None = None
+    rate: list[float] | None = None
+    timestamps: bool = False
+    num_requests: int | None = None
+    warmup: int = DEFAULT_WARMUP_REQUESTS
+
+    def check(self) -> None:
+        """--concurrency, --rate and --timestamps are alternatives (argparse's exclusive group did this)."""
+        given = [f for f, v in (("--concurrency", self.concurrency), ("--rate", self.rate)) if v]
+        given += ["--timestamps"] if self.timestamps else []
+        if len(given) > 1:
+            raise typer.BadParameter(f"{' and '.join(given)} are alternatives: give one", param_hint=given[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialArgs(LoadArgs):
+    """``tuner trial``'s flags."""
+
+    model: str
+    traffic: Path
+    speculative_config: str | None = None
+    serving: str = "{}"
+    gpu_ids: str | None = None
+    engine: str = "vllm"
+    vllm_command: str | None = None
+    vllm_python: str | None = None
+    cpu: bool = False
+    log_dir: str | None = None
+    startup_timeout: float = 900.0
+    client_processes: int = 1
+    max_client_processes: int | None = None
+    client_cpus: str = "auto"
+    json: bool = False
+
+
+def register(app: typer.Typer, *, vllm_executable: Callable[[], str | None] = lambda: None) -> None:
+    """Add ``tuner trial`` to ``app``. ``vllm_executable`` is asked for ``TUNER_VLLM_EXECUTABLE`` when the
+    command runs (settings are read then, not at import)."""
+
+    @app.command("trial", help="Run one server configuration at one or more load levels and print its figures.")
+    def trial(
+        model: Annotated[str, typer.Option(help="HF id or local path of the target model")],
+        traffic: Annotated[Path, typer.Option(help="JSONL / JSON / ShareGPT traffic sample")],
+        speculative_config: Annotated[
+            str | None, typer.Option(help="vLLM speculative config as JSON (omit: none)")
+        ] = None,
+        concurrency: Concurrency = None,
+        rate: Rate = None,
+        timestamps: Timestamps = False,
+        num_requests: NumRequests = None,
+        warmup: Warmup = DEFAULT_WARMUP_REQUESTS,
+        serving: Annotated[str, typer.Option(help='vLLM serving args as JSON, e.g. {"max_model_len": 4096}')] = "{}",
+        gpu_ids: Annotated[str | None, typer.Option(help="comma-separated physical GPU ids")] = None,
+        engine: Annotated[Literal["vllm", "simulated"], typer.Option()] = "vllm",
+        vllm_command: Annotated[
+            str | None, typer.Option(help='server argv prefix as JSON, e.g. ["vllm", "serve"]')
+        ] = None,
+        vllm_python: Annotated[str | None, typer.Option(help="python of the vLLM venv (module entry point)")] = None,
+        cpu: Annotated[bool, typer.Option("--cpu", help="add the environment vLLM needs on a CPU-only host")] = False,
+        log_dir: Annotated[str | None, typer.Option()] = None,
+        startup_timeout: Annotated[float, typer.Option()] = 900.0,
+        client_processes: Annotated[int, typer.Option(help="client processes per window")] = 1,
+        max_client_processes: Annotated[int | None, typer.Option(help="re-measure a client-bound window up to")] = None,
+        client_cpus: Annotated[
+            str,
+            typer.Option(
+                help="cores for the clients, e.g. 6-7 (the server gets the rest); auto: the last quarter of this "
+                "host's cores (1-8); none: no pinning"
+            ),
+        ] = "auto",
+        json_out: Annotated[bool, typer.Option("--json", help="print the TrialResult as JSON")] = False,
+    ) -> None:
+        args = TrialArgs(
+            concurrency=concurrency,
+            rate=rate,
+            timestamps=timestamps,
+            num_requests=num_requests,
+            warmup=warmup,
+            model=model,
+            traffic=traffic,
+            speculative_config=speculative_config,
+            serving=serving,
+            gpu_ids=gpu_ids,
+            engine=engine,
+            vllm_command=vllm_command,
+            vllm_python=vllm_python,
+            cpu=cpu,
+            log_dir=log_dir,
+            startup_timeout=startup_timeout,
+            client_processes=client_processes,
+            max_client_processes=max_client_processes,
+            client_cpus=client_cpus,
+            json=json_out,
+        )
+        args.check()
+        raise typer.Exit(run(args, vllm_executable=vllm_executable()))
+
+
+def load_levels(args: LoadArgs) -> tuple[LoadLevel, ...]:
     n, warmup = args.num_requests, args.warmup
     fixed = n if n is not None else DEFAULT_NUM_REQUESTS
     if args.rate:
@@ -92,7 +169,7 @@ def load_levels(args: argparse.Namespace) -> tuple[LoadLevel, ...]:
     )
 
 
-def build_trial(args: argparse.Namespace) -> TrialSpec:
+def build_trial(args: TrialArgs) -> TrialSpec:
     from tuner.traffic import parse_traffic
 
     requests = parse_traffic(args.traffic.read_bytes(), args.traffic.name)
@@ -108,7 +185,7 @@ def build_trial(args: argparse.Namespace) -> TrialSpec:
     )
 
 
-def evaluator(args: argparse.Namespace, *, vllm_executable: str | None = None) -> Evaluator:
+def evaluator(args: TrialArgs, *, vllm_executable: str | None = None) -> Evaluator:
     """The trial's evaluator. The server starts as ``--vllm-command`` says, else as ``vllm_executable serve``
     (``TUNER_VLLM_EXECUTABLE``, as the service does), else by vLLM's module entry point of ``--vllm-python``
     (default ``TUNER_VLLM_PYTHON``)."""
@@ -195,23 +272,15 @@ def format_summary(result: TrialResult) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace, *, vllm_executable: str | None = None) -> int:
-    result = evaluator(args, vllm_executable=vllm_executable)(build_trial(args))
+def run(args: TrialArgs, *, vllm_executable: str | None = None) -> int:
+    from tuner.cli_progress import TrialView, stderr_console
+
+    trial = build_trial(args)
+    view = TrialView(stderr_console(), f"trial {trial.spec.label()}")
+    result = evaluator(args, vllm_executable=vllm_executable)(trial, TrialContext(on_progress=view))
     if args.json:
         json.dump(to_jsonable(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(format_summary(result))
     return 0 if result.status.has_figures() else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m tuner.workers.trial_cli trial ...``) until the main CLI wires it in."""
-    parser = argparse.ArgumentParser(prog="tuner")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

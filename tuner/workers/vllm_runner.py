@@ -22,8 +22,10 @@ from tuner.domain import (
     FailureClass,
     LevelResult,
     TrialContext,
+    TrialProgress,
     TrialResult,
     TrialSpec,
+    TrialStage,
     TrialStatus,
     UnsafeArgument,
     env_name_allowed,
@@ -141,9 +143,12 @@ class VllmRunner:
         try:
             with server:
                 try:
+                    ctx.on_progress(TrialProgress(TrialStage.STARTING, len(spec.levels)))
                     obs = self._start(server, progress, cancelled, deadline)
                     if obs is None:
-                        asyncio.run(self._measure(server, spec, progress, cancelled, deadline))
+                        ready = TrialProgress(TrialStage.READY, len(spec.levels), startup_s=progress.startup_s)
+                        ctx.on_progress(ready)
+                        asyncio.run(self._measure(server, spec, progress, cancelled, deadline, ctx.on_progress))
                 except _Abort as abort:
                     obs = abort.obs
                 except httpx.HTTPError as exc:  # a scrape or greedy request failed outside a replay window
@@ -195,6 +200,7 @@ class VllmRunner:
         progress: _Progress,
         cancelled: Callable[[], bool],
         deadline: float,
+        report: Callable[[TrialProgress], None],
     ) -> None:
         opts = self.options
         base = server.base_url
@@ -228,7 +234,8 @@ class VllmRunner:
         async with make_client(opts.request_timeout_s) as client, stream_client(opts.request_timeout_s) as streams:
             progress.version = await _version(client, base)
             requests = spec.requests
-            for level in spec.levels:
+            for i, level in enumerate(spec.levels, 1):
+                report(TrialProgress(TrialStage.MEASURING, len(spec.levels), level=i, label=level.label))
                 measured = await measure_level(
                     client,
                     streams,
@@ -259,6 +266,7 @@ class VllmRunner:
                         )
                     )
             check()
+            report(TrialProgress(TrialStage.CHECKING, len(spec.levels)))
             subset = requests[: spec.correctness_prompts]
             if spec.spec.is_off:
                 progress.reference = await greedy_outputs(client, base, subset, settings)
