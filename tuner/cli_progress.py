@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tuner.client import JobSnapshot
@@ -106,7 +107,7 @@ class JobView:
                 TextColumn(f"job {self.job_id[:8]}"),
                 BarColumn(bar_width=24),
                 MofNCompleteColumn(),
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),  # labels hold brackets: not markup
                 TimeElapsedColumn(),
                 console=self.console,
                 transient=False,
@@ -121,7 +122,7 @@ class JobView:
             return
         line = job_line(snap, clock=False)  # without the clock, a line only when something happened
         if line != self._last:
-            self.console.print(f"job {self.job_id}: {line}", soft_wrap=True)
+            self.console.print(f"job {self.job_id}: {line}", soft_wrap=True, markup=False)
             self._last = line
 
     def __exit__(self, *_: object) -> None:
@@ -147,4 +148,4 @@ class TrialView:
             text = f"level {p.level} of {p.levels} ({p.label})"
         else:
             text = "correctness check"
-        self.console.print(f"[dim]{self.label}:[/dim] {text}", soft_wrap=True)
+        self.console.print(f"[dim]{escape(self.label)}:[/dim] {escape(text)}", soft_wrap=True)

@@ -154,3 +154,17 @@ def test_steps_that_proposed_nothing_are_counted_as_empty(tmp_path: Path) -> Non
         # vLLM's acceptance length averages the drafting steps only: 2.0, where a decode step gained 1.5 tokens
         assert sd.acceptance_length == pytest.approx(2.0)
         assert 1 + sd.num_accepted_tokens / sd.decode_steps == pytest.approx(1.5)
+
+
+def test_the_runner_reports_its_stages_in_order(baseline: TrialResult, tmp_path: Path) -> None:
+    """What `tuner trial` draws: server starting, ready (with its start-up time), each level i of n, the gate."""
+    from tuner.domain import TrialContext, TrialProgress, TrialStage
+
+    seen: list[TrialProgress] = []
+    result = fake_runner(tmp_path)(trial(NGRAM, baseline.reference_outputs), TrialContext(on_progress=seen.append))
+    assert result.status is TrialStatus.DIVERGED  # the recorded outputs diverge; every stage still ran
+    stages = [p.stage for p in seen]
+    n = len(LEVELS)
+    assert stages == [TrialStage.STARTING, TrialStage.READY, *[TrialStage.MEASURING] * n, TrialStage.CHECKING]
+    assert seen[1].startup_s == result.startup_s
+    assert [(p.level, p.levels, p.label) for p in seen[2:-1]] == [(i + 1, n, lv.label) for i, lv in enumerate(LEVELS)]
