@@ -6,6 +6,7 @@ This is the one module that knows all the packages; api, search, workers and sto
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,8 +34,36 @@ if TYPE_CHECKING:
 log = logging.getLogger("tuner.wiring")
 
 
-def study_name(job_id: str) -> str:
-    return f"tuner-job-{job_id}"
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def study_name(job_id: str, spec: JobSpec) -> str:
+    """The Optuna study of a job: ``tuner/<model>/<hardware>/<engine>/<job id>``, e.g.
+    ``tuner/Llama-3.1-8B-Instruct/mi300x/vllm/3f2a...``, so a person scanning optuna-dashboard's study list
+    finds the job. Deterministic from the stored job (the hardware as submitted, "auto" included, not as a
+    worker resolved it), so a runner taking the job over opens the same study. ``<model>`` is the last part
+    of the model's id or path, with anything but letters, digits, ``.``, ``_`` and ``-`` made ``_``."""
+    model = _NAME_UNSAFE.sub("_", spec.model.name.rstrip("/").rsplit("/", 1)[-1])[:64] or "model"
+    hardware = _NAME_UNSAFE.sub("_", spec.hardware)[:50] or "auto"
+    return f"tuner/{model}/{hardware}/{spec.engine.value}/{job_id}"
+
+
+def former_study_names(job_id: str) -> tuple[str, ...]:
+    """Names a job's study had before :func:`study_name`: a job started under one resumes its study."""
+    return (f"tuner-job-{job_id}",)
+
+
+def study_attrs(job_id: str, spec: JobSpec) -> dict[str, Any]:
+    """What a job's study says about the job (optuna-dashboard lists a study's user attrs beside its name)."""
+    return {
+        "job_id": job_id,
+        "model": spec.model.name,
+        "revision": spec.model.revision,
+        "hardware": spec.hardware,
+        "engine": spec.engine.value,
+        "simulated": spec.engine is Engine.SIMULATED,
+        "objective": spec.objective.value,
+    }
 
 
 def executor_backend(settings: Settings) -> ExecutorBackend:
@@ -126,7 +155,9 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
         slo=spec.slo,
         budget=spec.budget,
         storage=optuna_storage_url(settings),
-        study_name=study_name(job_id),
+        study_name=study_name(job_id, spec),
+        former_study_names=former_study_names(job_id),
+        study_attrs=study_attrs(job_id, spec),
         seed=spec.seed,
         confirm_runs=spec.confirm_runs,
         level_weights=spec.level_weights,

@@ -33,6 +33,7 @@ from tuner.demo import LLAMA_8B_CONFIG
 from tuner.store import migrate
 from tuner.store.db import make_engine, make_session_factory
 from tuner.store.models import JobRow, RecommendationRow, TrialRow
+from tuner.tuning import job_spec
 from tuner.wiring import study_name
 from tuner.workers.process_group import group_alive
 
@@ -316,8 +317,9 @@ def test_jobs_survive_killed_workers_a_killed_api_and_a_database_restart(cluster
 
         # ---- Optuna agrees: nothing running or waiting, one result per told trial, no trial created twice
         storage = optuna.storages.RDBStorage(cluster.url)
+        specs = {row.id: job_spec(row) for row in jobs if row is not None}
         for j in job_ids:
-            study = optuna.load_study(study_name=study_name(j), storage=storage)
+            study = optuna.load_study(study_name=study_name(j, specs[j]), storage=storage)
             ot = study.get_trials(deepcopy=False)
             assert not [t.number for t in ot if t.state.name in ("RUNNING", "WAITING")], j
             ops = [k for t in ot for k in t.system_attrs if k.startswith("tuner:op:")]

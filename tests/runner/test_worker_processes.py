@@ -72,18 +72,16 @@ def test_sigkilled_worker_is_recovered_by_another(db_url: str, tmp_path: Path) -
     factory = make_session_factory(make_engine(db_url))
     with transaction(factory) as s:
         traffic = tuning.create_traffic(s, REQUESTS)
-        job, _ = tuning.submit_job(
-            s,
-            JobSpec(
-                model=ModelRef("meta-llama/Llama-3.1-8B-Instruct"),
-                traffic_id=traffic.id,
-                engine=Engine.SIMULATED,
-                levels=(LoadLevel(value=1, num_requests=8), LoadLevel(value=32, num_requests=64)),
-                budget=Budget(max_trials=5),
-                model_config=LLAMA_8B_CONFIG,
-                confirm_runs=1,
-            ),
+        spec = JobSpec(
+            model=ModelRef("meta-llama/Llama-3.1-8B-Instruct"),
+            traffic_id=traffic.id,
+            engine=Engine.SIMULATED,
+            levels=(LoadLevel(value=1, num_requests=8), LoadLevel(value=32, num_requests=64)),
+            budget=Budget(max_trials=5),
+            model_config=LLAMA_8B_CONFIG,
+            confirm_runs=1,
         )
+        job, _ = tuning.submit_job(s, spec)
         job_id = job.id
 
     def trials() -> list[TrialRow]:
@@ -139,5 +137,5 @@ def test_sigkilled_worker_is_recovered_by_another(db_url: str, tmp_path: Path) -
         scopes = s.scalars(select(RecommendationRow.scope).where(RecommendationRow.job_id == job_id)).all()
     assert "all" in scopes and len(scopes) == len(set(scopes))
     # Optuna never keeps a trial RUNNING
-    study = optuna.load_study(study_name=study_name(job_id), storage=db_url)
+    study = optuna.load_study(study_name=study_name(job_id, spec), storage=db_url)
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]

@@ -70,3 +70,19 @@ def test_a_lasting_error_is_raised_after_the_retries(db_url: str) -> None:
     event.listen(storage.scoped_session.session_factory, "before_commit", boom)
     with pytest.raises(Exception, match="commit|connection"):
         study.set_user_attr("a", 1)
+
+
+@pytest.mark.parametrize("moment", ["before_commit", "after_commit"])
+def test_a_dropped_commit_stores_a_trials_attrs_once(study: optuna.Study, moment: str) -> None:
+    from optuna.storages._rdb import models
+
+    storage = study._storage._backend  # type: ignore[attr-defined]
+    trial = study.ask()
+    fired = _drop_once(storage, moment)
+    storage.set_trial_user_attrs(trial._trial_id, {"result": {"a": [1, 2]}, "c1.output_tok_s": 12.5})
+    assert fired() == 1
+    storage.set_trial_user_attrs(trial._trial_id, {"c1.output_tok_s": 13.0})  # an update, not a second row
+    assert study.get_trials()[0].user_attrs == {"result": {"a": [1, 2]}, "c1.output_tok_s": 13.0}
+    with storage.scoped_session() as session:
+        keys = [row.key for row in session.query(models.TrialUserAttributeModel).all()]
+    assert sorted(keys) == ["c1.output_tok_s", "result"]

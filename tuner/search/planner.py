@@ -39,6 +39,7 @@ from dataclasses import replace
 from typing import Any
 
 import optuna
+from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.domain import (
@@ -61,6 +62,7 @@ from tuner.domain import (
 )
 from tuner.search import _confirm
 from tuner.search._analysis import Analysis
+from tuner.search._figures import trial_figures
 from tuner.search._outcome import OutcomeContext, build_outcome
 from tuner.search._records import MAX_RETRIES, RETRYABLE, SEARCH, Record
 from tuner.search._space import SearchSpace
@@ -95,6 +97,11 @@ class OptunaPlanner:
     the schedule's last range (1024 when None). ``keep_outputs=False`` keeps the baseline's greedy outputs
     (derived from user prompts) out of the study: the service stores them once, on its trial rows, so that
     deleting a sample can delete them; a resumed study then has them only from this process's ``tell``.
+
+    ``former_study_names``: names the study may have been created under before ``study_name``; when only one
+    of those exists, it is resumed under its old name. ``study_attrs`` are set on the study (what it is for,
+    as optuna-dashboard lists it). Every told trial also carries its figures as flat user attrs
+    (``_figures.py``), for a person reading the study; the planner reads only its ``result`` attr.
     """
 
     def __init__(
@@ -114,6 +121,8 @@ class OptunaPlanner:
         max_num_seqs: int | None = None,
         n_startup_trials: int = 4,
         keep_outputs: bool = True,
+        former_study_names: Sequence[str] = (),
+        study_attrs: Mapping[str, Any] | None = None,
     ) -> None:
         if not levels:
             raise ValueError("at least one load level is needed")
@@ -140,10 +149,11 @@ class OptunaPlanner:
                 constant_liar=True,
                 n_startup_trials=n_startup_trials,
             )
+        # a database URL: retried through restarts, with writes safe to repeat (tuner.search.storage)
+        rdb = RetryingRDBStorage(storage) if isinstance(storage, str) else storage
         self.study = optuna.create_study(
-            # a database URL: retried through restarts, with writes safe to repeat (tuner.search.storage)
-            storage=RetryingRDBStorage(storage) if isinstance(storage, str) else storage,
-            study_name=study_name,
+            storage=rdb,
+            study_name=_existing_name(rdb, study_name, former_study_names),
             direction="maximize",
             sampler=sampler,
             load_if_exists=True,
@@ -158,6 +168,9 @@ class OptunaPlanner:
             self._enqueue(SpecConfig(), Purpose.BASELINE)
         elif attrs["space"] != self._fingerprint:
             raise ValueError(f"study {study_name!r} holds a different search space or levels; use a new name")
+        for key, value in (study_attrs or {}).items():
+            if attrs.get(key) != value:
+                self.study.set_user_attr(key, value)
 
     # ------------------------------------------------------------------------------------------ contract
     def ask(self) -> Proposal | None:
@@ -185,7 +198,10 @@ class OptunaPlanner:
             if result.reference_outputs and self._reference is None and result.spec.is_off:
                 self._reference = result.reference_outputs
             kept = result if self.keep_outputs else replace(result, reference_outputs=None)
-            trial.set_user_attr("result", to_jsonable(kept))
+            # the baseline's own figures count in its speedup (1.0 when it is the only baseline run)
+            records = [r if r.number != number else replace(r, result=result) for r in self._records()]
+            figures = trial_figures(result, self.labels, self.objective, self._analysis(records).baseline_metric)
+            self._set_trial_attrs(t._trial_id, {"result": to_jsonable(kept), **figures})
             if result.status.has_figures():
                 # SLOs as Optuna constraints, one per level (<= 0 feasible): TPE ranks infeasible trials last
                 for label, v in zip(self.labels, constraints(result, self.slo, self.labels), strict=True):
@@ -199,6 +215,17 @@ class OptunaPlanner:
             if result.status is TrialStatus.FAILED and f is not None and f.cls in RETRYABLE:
                 self._requeue(t, f"{f.cls.value}: {f.reason}")
             self._cache.pop(number, None)
+
+    def _set_trial_attrs(self, trial_id: int, attrs: Mapping[str, Any]) -> None:
+        storage = self.study._storage
+        # Optuna wraps an RDB storage in its _CachedStorage, which passes attr writes to it and re-reads
+        # unfinished trials from it: writing to it directly is what a set_user_attr would do.
+        backend = getattr(storage, "_backend", storage)
+        if isinstance(backend, RetryingRDBStorage):
+            backend.set_trial_user_attrs(trial_id, attrs)  # one commit for all of them
+        else:  # in memory
+            for key, value in attrs.items():
+                storage.set_trial_user_attr(trial_id, key, value)
 
     def abandon(self, number: int, reason: str) -> None:
         """The runner of trial ``number`` died: mark it FAIL (never left RUNNING) and queue it again."""
@@ -420,6 +447,20 @@ class OptunaPlanner:
         """The engine the results so far came from (simulated until one says otherwise)."""
         records = self._records() if records is None else records
         return next((r.result.engine for r in records if r.result is not None), Engine.SIMULATED)
+
+
+def _existing_name(storage: str | BaseStorage | None, name: str, former: Sequence[str]) -> str:
+    """``name``, unless only a study under a former name exists: a job started before its study got the
+    present name resumes that study (never a new, empty one that would run its finished trials again)."""
+    if not former or storage is None or isinstance(storage, str):
+        return name
+    for candidate in (name, *former):
+        try:
+            storage.get_study_id_from_name(candidate)
+        except KeyError:  # no study by that name
+            continue
+        return candidate
+    return name
 
 
 def _jsonable(per_level: Mapping[str, float] | None) -> dict[str, float] | None:

@@ -14,8 +14,9 @@ Attribute and parameter writes are upserts (or ignore the duplicate), reads are 
 from __future__ import annotations
 
 import copy
+import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -112,6 +113,26 @@ class RetryingRDBStorage(RDBStorage):
             frozen.datetime_start = row.datetime_start
             frozen._trial_id = row.trial_id
         return frozen
+
+    def set_trial_user_attrs(self, trial_id: int, attrs: Mapping[str, Any]) -> None:
+        """Several user attrs of a trial in one transaction: a told result and its figures land together, at
+        the cost of one commit instead of one per attr. Upserts, so a retry after a lost commit is harmless."""
+
+        def once() -> None:
+            # RDBStorage.set_trial_user_attr's find-or-add for every attr in one session, from the models
+            # Optuna 4 and 5 share (its private helper was renamed: docs/optuna-dashboard.md, "Optuna's RDB
+            # storage internals"); only the job's one runner writes its trials, so no upsert race.
+            with _create_scoped_session(self.scoped_session, True) as session:
+                trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+                self.check_trial_is_updatable(trial_id, trial.state)
+                for key, value in attrs.items():
+                    row = models.TrialUserAttributeModel.find_by_trial_and_key(trial, key, session)
+                    if row is None:
+                        row = models.TrialUserAttributeModel(trial_id=trial_id, key=key)
+                        session.add(row)
+                    row.value_json = json.dumps(value)
+
+        self._retried(f"set {len(attrs)} user attrs of trial {trial_id}", once)
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         def stored() -> bool | None:
