@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from sqlalchemy import select
@@ -143,7 +144,9 @@ def publish(
                 "from the baseline's outputs and cannot be recommended)"
             )
         notes.insert(len(label_notes), f"No speculation: {why}.")
-    common = dict(
+    # every answer carries the job's provenance (a partial mypy checks against Recommendation's fields)
+    recommendation = partial(
+        Recommendation,
         model=spec.model,
         hardware=hardware,
         vllm_version=vllm_version,
@@ -156,7 +159,7 @@ def publish(
     recs: list[tuple[str, Recommendation]] = [
         (
             "all",
-            Recommendation(
+            recommendation(
                 spec=deployed,
                 concurrency=ConcurrencyRange(1, None),
                 speedup=outcome.speedup,
@@ -167,7 +170,6 @@ def publish(
                 trial_numbers=tuple(
                     n for n in (outcome.baseline_trial, outcome.best_trial, *outcome.confirm_trials) if n is not None
                 ),
-                **common,
             ),
         )
     ]
@@ -180,11 +182,14 @@ def publish(
         level_spec, speedup, why = _level_answer(outcome, w)
         trial = None
         if not level_spec.is_off:
-            trial = evidence[-1] if evidence and level_spec.key() == deployed.key() else results.get(w.trial_number)
+            if evidence and level_spec.key() == deployed.key():
+                trial = evidence[-1]
+            elif w.trial_number is not None:
+                trial = results.get(w.trial_number)
         recs.append(
             (
                 f"c{rng.low}-{rng.high if rng.high is not None else 'inf'}",
-                Recommendation(
+                recommendation(
                     spec=level_spec,
                     concurrency=rng,
                     speedup=speedup,
@@ -193,7 +198,6 @@ def publish(
                     per_level_winners=(w,),
                     notes=(*label_notes, why, *outcome.notes),
                     trial_numbers=(w.trial_number,) if trial is not None and w.trial_number is not None else (),
-                    **common,
                 ),
             )
         )

@@ -118,7 +118,8 @@ def finished_trial_processes(session: Session, host: str, since: datetime) -> li
             TrialRow.finished_at >= since,
         )
     )
-    return [TrialProcess(r.job_id, r.number, r.pgid, r.worker) for r in rows]
+    # every row has a pgid (the query's filter); the check says so to the type checker
+    return [TrialProcess(r.job_id, r.number, r.pgid, r.worker) for r in rows if r.pgid is not None]
 
 
 def mark_trial_abandoned(session: Session, row: TrialRow, reason: str) -> None:

@@ -65,8 +65,8 @@ def parse_traffic(data: bytes | str, filename: str | None = None) -> list[Traffi
         except json_input.JsonInputError as e:
             # a syntax error has a line; a refused value has a path whose first step is the item
             steps = e.path[1:] if e.path[:1] == ("requests",) else e.path
-            line = e.line or (steps[0] + 1 if steps and isinstance(steps[0], int) else 1)
-            raise TrafficError(f"{e.message} (at {e.field})", [LineError(line, e.message)]) from None
+            at = e.line or (steps[0] + 1 if steps and isinstance(steps[0], int) else 1)
+            raise TrafficError(f"{e.message} (at {e.field})", [LineError(at, e.message)]) from None
         if isinstance(doc, Mapping) and isinstance(doc.get("requests"), list):
             doc = doc["requests"]
         if isinstance(doc, Mapping):

@@ -10,8 +10,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any, overload
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import CursorResult, Result, and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from tuner.domain import (
@@ -34,6 +35,10 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+@overload
+def as_utc(dt: datetime) -> datetime: ...
+@overload
+def as_utc(dt: None) -> None: ...
 def as_utc(dt: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes for timezone-aware columns; they were written in UTC."""
     if dt is not None and dt.tzinfo is None:
@@ -314,7 +319,7 @@ def claim_job(
             )
             .execution_options(synchronize_session=False)
         )
-        if res.rowcount == 1:  # type: ignore[attr-defined]
+        if _rows_matched(res) == 1:
             row = session.get(JobRow, candidate, populate_existing=True)
             assert row is not None
             if row.started_at is None:
@@ -362,7 +367,7 @@ def fence(session: Session, claim: Claim) -> bool:
         .values(heartbeat_at=utc_now())
         .execution_options(synchronize_session=False)
     )
-    if res.rowcount != 1:  # type: ignore[attr-defined]
+    if _rows_matched(res) != 1:
         raise LostClaim(f"job {claim.job_id} is no longer held by {claim.worker} (epoch {claim.epoch})")
     return bool(session.scalar(select(JobRow.cancel_requested).where(JobRow.id == claim.job_id)))
 
@@ -388,7 +393,15 @@ def finish_job(
         .values(status=status.value, error=error, finished_at=utc_now())
         .execution_options(synchronize_session=False)
     )
-    return res.rowcount == 1  # type: ignore[attr-defined]
+    return _rows_matched(res) == 1
+
+
+def _rows_matched(result: Result[Any]) -> int:
+    """The rows an UPDATE matched. ``Session.execute`` is typed to return a ``Result``; for an UPDATE without
+    RETURNING it is the cursor's ``CursorResult``, the one that counts rows."""
+    if not isinstance(result, CursorResult):
+        raise TypeError(f"an UPDATE returned a {type(result).__name__}, which counts no rows")
+    return result.rowcount
 
 
 # --------------------------------------------------------------------------------------------------

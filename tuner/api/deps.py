@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -21,7 +21,8 @@ _bearer = HTTPBearer(auto_error=False, description="An API token: `tuner token c
 
 # Dependencies that do no I/O are async: FastAPI runs a sync dependency in the thread pool, a hop per request.
 async def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+    settings: Settings = request.app.state.settings  # set by create_app
+    return settings
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -40,7 +41,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-def require(scope: Scope) -> Callable[..., Principal]:
+def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
     async def check(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
         principal: Principal | None = getattr(request.state, "principal", None)
         if principal is None:  # only a public path reaches a route unauthenticated; none of them requires a scope

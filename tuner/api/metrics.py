@@ -65,7 +65,8 @@ class StoreCollector(Collector):
         h = HistogramMetricFamily("tuner_trial_duration_seconds", "Trial wall time", labels=["engine"])
         by_engine: dict[str, list[float]] = {}
         for engine, d in durations:
-            by_engine.setdefault(engine or "", []).append(float(d))
+            if d is not None:  # none is: the query leaves them out, the row's type cannot say so
+                by_engine.setdefault(engine or "", []).append(float(d))
         for engine, values in sorted(by_engine.items()):
             buckets = [(str(b), sum(v <= b for v in values)) for b in DURATION_BUCKETS] + [("+Inf", len(values))]
             h.add_metric([engine], buckets, sum_value=sum(values))

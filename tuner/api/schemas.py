@@ -243,21 +243,25 @@ class TuneIn(Strict):
         return dict(self.level_weights)
 
     def levels(self) -> tuple[LoadLevel, ...]:
-        common = dict(num_requests=self.num_requests, warmup_requests=self.warmup_requests, duration_s=self.duration_s)
+        def level(kind: LoadKind, value: float, num_requests: int = self.num_requests) -> LoadLevel:
+            return LoadLevel(
+                kind,
+                value,
+                num_requests=num_requests,
+                warmup_requests=self.warmup_requests,
+                duration_s=self.duration_s,
+            )
+
         if self.request_rate:
-            return tuple(LoadLevel(LoadKind.RATE, r, **common) for r in sorted(set(self.request_rate)))
+            return tuple(level(LoadKind.RATE, r) for r in sorted(set(self.request_rate)))
         if self.timed_replay:
-            return (LoadLevel(LoadKind.TIMESTAMPS, 0, **common),)
+            return (level(LoadKind.TIMESTAMPS, 0),)
         if self.concurrency:
             if "num_requests" in self.model_fields_set:  # the client's count, as given
-                return tuple(LoadLevel(LoadKind.CONCURRENCY, c, **common) for c in sorted(set(self.concurrency)))
+                return tuple(level(LoadKind.CONCURRENCY, c) for c in sorted(set(self.concurrency)))
             # by default a window is several times its concurrency, so most of it is steady state
             return tuple(
-                LoadLevel(
-                    LoadKind.CONCURRENCY,
-                    c,
-                    **(common | {"num_requests": window_requests(c, self.num_requests)}),
-                )
+                level(LoadKind.CONCURRENCY, c, window_requests(c, self.num_requests))
                 for c in sorted(set(self.concurrency))
             )
         return ()

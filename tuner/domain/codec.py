@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import cache
 from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
@@ -27,10 +26,16 @@ def from_jsonable(cls: type[T], data: Any) -> T:
     return _adapter(cls).validate_python(data)
 
 
-@cache
+# Building an adapter compiles a validator for the whole record tree: once per class per process. A dict
+# rather than functools.cache, whose wrapper drops the type variable (a race only builds one twice).
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
 def _adapter(cls: type[T]) -> TypeAdapter[T]:
-    # Building an adapter compiles a validator for the whole record tree: once per class per process.
-    return TypeAdapter(cls)
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return adapter
 
 
 def canonical_json(value: Any) -> str:

@@ -53,7 +53,8 @@ def model_traits(config: Mapping[str, Any], model: str | None = None) -> ModelTr
     Multimodal wrappers keep the language model under ``text_config`` (Kimi K3, Gemma, Qwen-VL): its keys
     are read when the top level lacks them.
     """
-    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
+    nested = config.get("text_config")
+    text: Mapping[str, Any] = nested if isinstance(nested, Mapping) else {}
 
     def get(key: str) -> Any:
         value = config.get(key)

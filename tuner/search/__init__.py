@@ -3,7 +3,8 @@
 The only package that imports Optuna. Public names are re-exported here; the modules are private.
 """
 
-from tuner.search._space import ExcludedMethod, MethodOptions, SearchSpace, build_space, mtp_depths
+from tuner.domain import mtp_depths
+from tuner.search._space import ExcludedMethod, MethodOptions, SearchSpace, build_space
 from tuner.search.catalog import DEFAULT_CATALOG, DraftCatalog, DraftEntry
 from tuner.search.compat import DEFAULT_RULES, CompatRule, load_rules
 from tuner.search.cost_model import StepModel, TokenCurve

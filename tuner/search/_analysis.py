@@ -68,9 +68,10 @@ class Analysis:
         search = [r for r in self.records if r.purpose in SEARCH]
         self.search_records = search
         self.baseline_runs = [r for r in search if r.spec is not None and r.spec.is_off and r.measured]
-        self.baseline_failed = next(
+        # a failure of the baseline that no retry mends: nothing can be compared
+        self.baseline_failure = next(
             (
-                r
+                r.result.failure
                 for r in search
                 if r.purpose == "baseline"
                 and r.result is not None
@@ -118,7 +119,7 @@ class Analysis:
     # ---------------------------------------------------------------------------------------------- inputs
     def _baseline_figures(self) -> None:
         for label in self.labels:
-            lrs = [lr for r in self.baseline_runs if (lr := r.result.level(label)) is not None]
+            lrs = [lr for r in self.baseline_runs if r.result is not None and (lr := r.result.level(label)) is not None]
             if not lrs:
                 continue
             self.baseline[label] = lrs[0]
@@ -273,7 +274,7 @@ class Analysis:
         if not self.has_baseline:
             return out
         for r in self.search_records:
-            if not r.predicted or not r.measured or r.spec is None:
+            if not r.predicted or not r.measured or r.spec is None or r.result is None:
                 continue
             for label, pred in r.predicted.items():
                 lr = r.result.level(label)
@@ -384,7 +385,8 @@ class Analysis:
         speedup; K = 0 where no depth beats off at that level (assumed to run like off: the confirmation runs
         check it). Returns the schedule, its predicted objective, its per-level predictions and notes.
         """
-        if any(self.concurrency.get(label) is None for label in self.labels):
+        concurrency = {label: c for label in self.labels if (c := self.concurrency.get(label)) is not None}
+        if any(label not in concurrency for label in self.labels):
             return None, 0.0, {}, ["no schedule: some levels are not closed-loop concurrencies"]
         static = self.schedule_arm()
         opt = self.option_of(static.spec) if static is not None else None
@@ -396,7 +398,7 @@ class Analysis:
             return None, 0.0, {}, [f"no schedule: {refusal}"]
         if opt is not None and opt.adaptive:
             return None, 0.0, {}, ["no schedule: adaptive verification sizes the verification budget itself"]
-        if opt is None or opt.key in self.excluded_arms:
+        if static is None or opt is None or opt.key in self.excluded_arms:
             return None, 0.0, {}, []
         lookup = (static.spec.prompt_lookup_min, static.spec.prompt_lookup_max) if opt.lookups else None
         cap = self.caps.get(opt.key)
@@ -439,7 +441,7 @@ class Analysis:
             model=opt.draft,
             prompt_lookup_min=lo,
             prompt_lookup_max=hi,
-            schedule=build_schedule({int(self.concurrency[lb]): k for lb, k in ks.items()}, self.max_num_seqs),
+            schedule=build_schedule({int(concurrency[lb]): k for lb, k in ks.items()}, self.max_num_seqs),
         )
         per_level = {label: s for label, (_, s) in picks.items()}
         return spec, combine(per_level, self.weights), per_level, []

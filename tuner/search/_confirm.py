@@ -114,9 +114,8 @@ def missing(a: Analysis, records: Sequence[Record], confirm_runs: int) -> list[t
         if sa > 0 and sb > 0 and abs(math.log(sa / sb)) > 3 * a.noise / math.sqrt(min(na, nb)):
             continue  # settled
         todo.append((role_a, spec_a) if na <= nb else (role_b, spec_b))
-    seen: set[str] = set()
-    return [
-        (role, spec)
-        for role, spec in todo
-        if spec.key() not in pending and not (spec.key() in seen or seen.add(spec.key()))
-    ]
+    first: dict[str, tuple[str, SpecConfig]] = {}  # one run per config, its first role
+    for role, spec in todo:
+        if spec.key() not in pending:
+            first.setdefault(spec.key(), (role, spec))
+    return list(first.values())

@@ -126,7 +126,7 @@ def build_outcome(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -
     if not a.has_baseline:
         notes.append(
             "no baseline figures yet: nothing to compare"
-            if a.baseline_failed is None
+            if a.baseline_failure is None
             else "the baseline failed: no speculative configuration can be compared"
         )
         return TuneOutcome(

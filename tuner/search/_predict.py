@@ -111,13 +111,13 @@ class Predictor:
         return all(label in self.baseline.step for label in self.labels)
 
     # ------------------------------------------------------------------------------------------ arms
-    def arm(self, opt: MethodOptions, lookup: tuple[int, int] | None) -> ArmModel | None:
+    def arm(self, opt: MethodOptions, lookup: tuple[int | None, int | None] | None) -> ArmModel | None:
         key = (opt.key, repr(lookup))
         if key not in self._arms:
             self._arms[key] = self._fit_arm(opt, lookup)
         return self._arms[key]
 
-    def _fit_arm(self, opt: MethodOptions, lookup: tuple[int, int] | None) -> ArmModel | None:
+    def _fit_arm(self, opt: MethodOptions, lookup: tuple[int | None, int | None] | None) -> ArmModel | None:
         mine = [
             st
             for st in self.stats.values()
@@ -157,7 +157,7 @@ class Predictor:
                 sd = lr.spec_decode
                 if sd is None or not sd.num_drafts:
                     tau, v = curve.tau(k), float(k)
-                elif use_steps:
+                elif use_steps and sd.decode_steps:  # use_steps: every one of them counted its steps
                     tau = 1.0 + sd.num_accepted_tokens / sd.decode_steps
                     v = sd.num_draft_tokens / sd.decode_steps
                 else:

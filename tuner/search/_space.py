@@ -72,7 +72,7 @@ class MethodOptions:
         """Every step verifies exactly k tokens: false under adaptive verification, which trims per request."""
         return self.method.fixed_length and not self.adaptive
 
-    def spec(self, depth: int, lookup: tuple[int, int] | None = None) -> SpecConfig:
+    def spec(self, depth: int, lookup: tuple[int | None, int | None] | None = None) -> SpecConfig:
         if self.method is Method.OFF:
             return SpecConfig()
         lo, hi = lookup if lookup is not None else (None, None)
@@ -206,7 +206,7 @@ def build_space(
     wanted = None if methods is None else {Method(m) for m in methods}
     lo, hi = depth_range or DEFAULT_DEPTH_RANGE
     chain = tuple(range(max(1, lo), max(1, hi) + 1))
-    lookups = tuple(tuple(x) for x in (ngram_lookups or NGRAM_LOOKUPS))
+    lookups = tuple(ngram_lookups or NGRAM_LOOKUPS)  # each made a tuple by MethodOptions
     blocks = {m: t.default_depths for m, t in METHOD_TRAITS.items() if t.depth_rule is DepthRule.BLOCK_SIZE}
     blocks.update({Method(k): tuple(v) for k, v in (block_sizes or {}).items()})
     options: list[MethodOptions] = []
@@ -241,8 +241,10 @@ def build_space(
     def draft_candidates(method: Method) -> list[tuple[str | None, str, bool | None, str | None]]:
         supplied = [(d, "request", None, None) for d in drafts.get(method, ())]
         known = [(e.checkpoint, "catalog", e.verified, e.source) for e in catalog.for_model(model, [method])]
-        seen: set[str | None] = set()
-        return [c for c in supplied + known if not (c[0] in seen or seen.add(c[0]))]
+        first: dict[str | None, tuple[str | None, str, bool | None, str | None]] = {}
+        for candidate in supplied + known:  # one per checkpoint, the request's before the catalog's
+            first.setdefault(candidate[0], candidate)
+        return list(first.values())
 
     mtp_layers = traits.mtp_layers if traits else 0
     if want(Method.MTP):
@@ -297,13 +299,13 @@ def build_space(
     verdicts: list[OptionVerdict] = []
     for method in dict.fromkeys(o.method for o in options):
         for option in (ADAPTIVE, BATCH_SCHEDULE):
-            reason = option_refusal(method, option, hardware=hardware, vllm_version=vllm_version, rules=rules)
-            if reason is None and option == ADAPTIVE and capabilities is not None:
+            refusal = option_refusal(method, option, hardware=hardware, vllm_version=vllm_version, rules=rules)
+            if refusal is None and option == ADAPTIVE and capabilities is not None:
                 if not capabilities.adaptive_verification:
-                    reason = f"vLLM {capabilities.version} has no enable_adaptive_verification"
-            if reason is None and option == BATCH_SCHEDULE:
-                reason = schedule_refusal
-            verdicts.append(OptionVerdict(method, option, reason))
+                    refusal = f"vLLM {capabilities.version} has no enable_adaptive_verification"
+            if refusal is None and option == BATCH_SCHEDULE:
+                refusal = schedule_refusal
+            verdicts.append(OptionVerdict(method, option, refusal))
     # Adaptive verification where allowed: an arm of its own beside each fixed-K arm of the method, so one
     # study compares fixed K, the per-batch schedule and adaptive, and may deploy any of them.
     adaptive_ok = {v.method for v in verdicts if v.option == ADAPTIVE and v.allowed}

@@ -217,10 +217,10 @@ def load_rules(path: str | Path) -> tuple[CompatRule, ...]:
             raise ValueError(f"{where}: expected an object")
         if unknown := sorted(set(entry) - known):
             raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
-        try:
-            method = Method(entry.get("method"))
-        except ValueError:
-            raise ValueError(f"{where}: unknown method {entry.get('method')!r}") from None
+        name = entry.get("method")
+        method = next((m for m in Method if m.value == name), None)
+        if method is None:
+            raise ValueError(f"{where}: unknown method {name!r}")
         if not isinstance(entry.get("reason"), str) or not entry["reason"]:
             raise ValueError(f"{where}: 'reason' must be a non-empty string")
         for key in ("hardware", "min_vllm", "below_vllm"):

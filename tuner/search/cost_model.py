@@ -199,20 +199,24 @@ def fit_step_model(points: Sequence[StepPoint], *, rounds: int = 4) -> StepModel
     extend the curve.
     """
     base = [p for p in points if p.arm is None]
-    spec = [p for p in points if p.arm is not None and p.kind is not None]
+    kinds: dict[str, Proposer] = {}  # each speculative arm's drafter kind (its first point's)
+    spec: list[tuple[str, StepPoint]] = []  # the speculative points with their arm, in order
+    for p in points:
+        if p.arm is not None and p.kind is not None:
+            kinds.setdefault(p.arm, p.kind)
+            spec.append((p.arm, p))
     baseline_ms = {p.c: p.step_ms for p in base}
     top = max((p.tokens for p in base), default=0.0)
     drafts: dict[str, DraftCost] = {}
     curve = TokenCurve.isotonic([(p.tokens, p.step_ms, BASELINE_WEIGHT) for p in base])
     for i in range(rounds):
-        for arm in {p.arm for p in spec}:
-            mine = [p for p in spec if p.arm == arm]
-            kind = mine[0].kind
+        for arm, kind in kinds.items():
+            mine = [p for of, p in spec if of == arm]
             inside = [p for p in mine if p.tokens <= top]
             # where the baseline measured the target's pass, the rest of the step is the drafter's; past it
             # the two are confounded, so the drafter's form is fitted inside and extrapolated
             mine = inside if len(inside) >= 2 else mine
-            proto = DraftCost(kind)  # type: ignore[arg-type]
+            proto = DraftCost(kind)
             rows = [
                 (
                     proto.features(p.c, p.k, p.v),
@@ -221,17 +225,17 @@ def fit_step_model(points: Sequence[StepPoint], *, rounds: int = 4) -> StepModel
                 for p in mine
             ]
             a, b = _nnls2(rows)
-            drafts[arm] = DraftCost(kind, a, b)  # type: ignore[arg-type]
+            drafts[arm] = DraftCost(kind, a, b)
         if i == rounds - 1:
             break
         pts = [(p.tokens, p.step_ms, BASELINE_WEIGHT) for p in base]
-        for p in spec:
+        for arm, p in spec:
             if p.tokens > top:
-                d = drafts[p.arm]  # type: ignore[index]
+                d = drafts[arm]
                 # the target's share of this step, on the baseline's scale at this level
                 own = p.step_ms - d(p.c, p.k, p.v) - baseline_ms.get(p.c, curve(p.c)) + curve(p.c)
                 pts.append((p.tokens, own, 1.0))
         curve = TokenCurve.isotonic(pts)
     model = StepModel(curve, dict(drafts))
-    residuals = tuple((p.step_ms - model.predict(p, baseline_ms)) / p.step_ms for p in spec if p.step_ms > 0)
+    residuals = tuple((p.step_ms - model.predict(p, baseline_ms)) / p.step_ms for _, p in spec if p.step_ms > 0)
     return StepModel(curve, dict(drafts), residuals)

@@ -75,8 +75,7 @@ def next_search(
     out_of_time: str | None = None,
 ) -> Step:
     """The next search step (see the module docstring)."""
-    if a.baseline_failed is not None:
-        f = a.baseline_failed.result.failure
+    if (f := a.baseline_failure) is not None:
         return Stop(f"the baseline failed ({f.cls.value}: {f.reason}); nothing can be compared")
     if budget_left <= 0:
         return Stop(f"budget: {budget_left + _launched(records)} trials run")
@@ -136,7 +135,7 @@ def _verify(a: Analysis, cands: list[Candidate]) -> Run | None:
     """The untried config with the largest predicted gain at a level where it is its arm's predicted best
     and may beat that level's best measured config by more than nothing, given its margin."""
     ranked = a.ranked()
-    best: tuple[float, Candidate, str] | None = None
+    best: tuple[float, Candidate, str, float] | None = None  # gain, candidate, level, its prediction there
     for label in a.labels:
         if label in a.undecided:
             continue
@@ -157,16 +156,16 @@ def _verify(a: Analysis, cands: list[Candidate]) -> Run | None:
             key = arm_of(c.spec)
             if c.per_level[label] > arms.get(key, (0.0, None))[0]:
                 arms[key] = (c.per_level[label], c)
-        for value, c in arms.values():
-            if c is None or value * (1 + c.margin) <= top * (1 + TIE):
+        for value, cand in arms.values():
+            if cand is None or value * (1 + cand.margin) <= top * (1 + TIE):
                 continue  # measured already, or cannot beat the level's best by more than a tie
             gain = value / top
             if best is None or gain > best[0]:
-                best = (gain, c, label)
+                best = (gain, cand, label, value)
     if best is None:
         return None
-    _, c, label = best
-    why = f"verify {label}: predicted {c.per_level[label]:.3f}x, the best of its arm there"
+    _, c, label, value = best
+    why = f"verify {label}: predicted {value:.3f}x, the best of its arm there"
     return Run(c.spec, why, c.per_level)
 
 

@@ -8,7 +8,9 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from tuner.transient import DEFAULT_RETRY_S, retrying
 
@@ -22,7 +24,7 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, hide_parameters=True)
 
         @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        def _pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
             # WAL lets the API read while a runner writes; busy_timeout serialises concurrent writers.
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")

@@ -23,7 +23,7 @@ VERSION_TABLE = "tuner_alembic_version"  # Optuna keeps Alembic's default alembi
 def include_object(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:
     """Only ``tuner_*`` tables are ours; Optuna's (studies, trials, ...) are left to Optuna."""
     if type_ == "table":
-        return bool(name) and name.startswith("tuner_")
+        return name is not None and name.startswith("tuner_")
     return True
 
 

@@ -276,7 +276,8 @@ def parse_amd_smi_static(text: str) -> tuple[GpuInfo, ...]:
         product = str(asic.get("market_name") or (rec.get("board") or {}).get("product_name") or "AMD GPU")
         pid = normalise_pci_id(asic.get("device_id"))
         gfx = asic.get("target_graphics_version")
-        gfx = _GFX.search(str(gfx)).group(0).lower() if gfx and _GFX.search(str(gfx)) else None
+        found = _GFX.search(str(gfx)) if gfx else None
+        gfx = found.group(0).lower() if found else None
         memory = _memory_mib(vram.get("size", vram.get("vram_size")))
         index = rec.get("gpu", pos)
         gpus.append(

@@ -351,6 +351,7 @@ async def drive(
             for task in pending:
                 task.cancel()
 
+    main: asyncio.Future[list[None]] | asyncio.Task[None]
     if plan.workers:
         main = asyncio.gather(*(closed_worker() for _ in range(plan.workers)))
     else:

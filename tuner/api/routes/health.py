@@ -21,9 +21,9 @@ def healthz(session: SessionDep) -> dict[str, str]:
 @router.get(
     "/metrics",
     responses={
-        200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}, "description": "Prometheus text"}
-    }
-    | PUBLIC_RESPONSES,
+        200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}, "description": "Prometheus text"},
+        **PUBLIC_RESPONSES,
+    },
 )
 def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)

@@ -79,8 +79,10 @@ def trial_out(row: TrialRow) -> TrialOut:
     "/tune",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobOut,
-    responses={200: {"model": JobOut, "description": "A retry with the same Idempotency-Key: the first job"}}
-    | problem_responses(404, 409),
+    responses={
+        200: {"model": JobOut, "description": "A retry with the same Idempotency-Key: the first job"},
+        **problem_responses(404, 409),
+    },
 )
 def create_tune_job(
     body: TuneIn,
@@ -231,8 +233,10 @@ def get_tune_trials(job_id: JobId, who: Reader, session: SessionDep) -> list[Tri
 @router.get(
     "/tune/{job_id}/report",
     response_class=HTMLResponse,
-    responses={200: {"content": {"text/html": {}}, "description": "One self-contained HTML page"}}
-    | problem_responses(404),
+    responses={
+        200: {"content": {"text/html": {}}, "description": "One self-contained HTML page"},
+        **problem_responses(404),
+    },
 )
 def get_tune_report(job_id: JobId, who: Reader, session: SessionDep) -> HTMLResponse:
     """The job's report: speedup by concurrency, the deployed K by batch size, acceptance per position,

@@ -134,12 +134,15 @@ def with_origin(result: TrialResult, worker: str | None, hardware: str | None) -
     "auto" too: the vLLM runner echoes the job's request, and a job for "auto" must be recorded (and its
     recommendation keyed) under the chip that actually ran it.
     """
-    changes: dict[str, str] = {}
-    if result.worker is None and worker:
-        changes["worker"] = worker
-    if hardware and hardware != "auto" and (result.hardware or "auto").strip().lower() == "auto":
-        changes["hardware"] = hardware
-    return dataclasses.replace(result, **changes) if changes else result
+    fill_worker = result.worker is None and bool(worker)
+    fill_hardware = bool(hardware) and hardware != "auto" and (result.hardware or "auto").strip().lower() == "auto"
+    if not (fill_worker or fill_hardware):
+        return result
+    return dataclasses.replace(
+        result,
+        worker=worker if fill_worker else result.worker,
+        hardware=hardware if fill_hardware else result.hardware,
+    )
 
 
 def with_retried(result: TrialResult, lost: Sequence[Failure]) -> TrialResult:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuner.domain import (
     Engine,
@@ -38,6 +39,9 @@ from tuner.workers.executors._base import (
 from tuner.workers.gpu_lease import GpuLease, LeasedGroup
 from tuner.workers.hardware import GpuInfo, canonical_family, detect_gpus, hardware_matches
 from tuner.workers.process_group import KILL_GRACE_S, kill_process_group
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 log = logging.getLogger(__name__)
 
@@ -290,10 +294,12 @@ class LocalExecutor(Executor):
                     trial.spec, self.engine, FailureClass.INTERNAL, f"evaluator raised {exc!r}", wall_s=wall
                 )
                 return with_origin(result, where, self.family), where, "error"
-            result = box["result"]
-            if not isinstance(result, TrialResult):
+            returned = box["result"]
+            if isinstance(returned, TrialResult):
+                result = returned
+            else:
                 result = failed_result(
-                    trial.spec, self.engine, FailureClass.INTERNAL, f"evaluator returned {type(result).__name__}"
+                    trial.spec, self.engine, FailureClass.INTERNAL, f"evaluator returned {type(returned).__name__}"
                 )
             return with_origin(result, where, self.family), where, "result"
         # Hung or ignoring cancellation: kill what it started, resolve now, keep the GPUs until it returns.
@@ -358,18 +364,19 @@ def _one_family(detected: Sequence[GpuInfo], wanted: str) -> tuple[list[int], st
 
 def _as_factory(evaluator: Evaluator | Callable[[], Evaluator]) -> Callable[[], Evaluator]:
     """An Evaluator takes (spec, ctx); a factory takes nothing. Tell them apart by their signature."""
+    if _is_evaluator(evaluator):
+        return lambda: evaluator
+    return evaluator
+
+
+def _is_evaluator(fn: Evaluator | Callable[[], Evaluator]) -> TypeIs[Evaluator]:
     try:
-        sig = inspect.signature(evaluator)
+        sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return lambda: evaluator  # type: ignore[return-value]
-    required = [
-        p
-        for p in sig.parameters.values()
-        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    if required:
-        return lambda: evaluator  # type: ignore[return-value]
-    return evaluator  # type: ignore[return-value]
+        return True
+    return any(
+        p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in sig.parameters.values()
+    )
 
 
 def _safe(fn: Callable[[], object]) -> bool:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -137,7 +137,7 @@ def cluster_report(
     """
     nodes = [n for n in cluster_nodes() if n.gpus_total > 0]
     found = _probe_nodes(nodes, timeout_s, runtime_env) if probe else {}
-    entries = []
+    entries: list[dict[str, Any]] = []  # JSON, as the worker's report goes to the store
     for node in nodes:
         data = found.get(node.node_id) or {}
         memory = [g.get("memory_mib") for g in data.get("gpus") or () if g.get("memory_mib")]
@@ -255,7 +255,11 @@ class ClusterHardware(Sequence[str]):
     def __len__(self) -> int:
         return len(self._current())
 
-    def __getitem__(self, index: int) -> str:  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
         return self._current()[index]
 
     def __repr__(self) -> str:

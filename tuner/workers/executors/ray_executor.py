@@ -144,7 +144,8 @@ class RayExecutor(Executor):
         # that may die mid-trial with the pgids it holds. Hard affinity: a soft one let Ray place this
         # zero-CPU actor on other nodes 7 times in 10 (Ray 2.x, local cluster), and CI lost it with a node.
         head = NodeAffinitySchedulingStrategy(head_node_id(), soft=False)
-        self._registry = Registry.options(scheduling_strategy=head).remote()
+        registry = Registry.options(scheduling_strategy=head)  # type: ignore[attr-defined]  # @ray.remote class
+        self._registry = registry.remote()
         self._lock = threading.Lock()
         self._trials: dict[str, _Trial] = {}
         self._threads: list[threading.Thread] = []

@@ -56,7 +56,7 @@ def build_evaluator(recipe: EvaluatorRecipe, *, in_ray: bool = False) -> Evaluat
                 options[key] = tuple(options[key])
         return VllmRunner(RunnerOptions(**options))
     if recipe.engine is Engine.SIMULATED:
-        from tuner.workers.simulated import SimulatedEngine  # type: ignore[import-not-found]
+        from tuner.workers.simulated import SimulatedEngine
 
         pace_s = float(options.pop("pace_s", 0.0) or 0.0)
         placeholder = bool(options.pop("placeholder_process", False))
