@@ -33,8 +33,10 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
     || echo "chromium could not be installed: the report's browser tests will fail under CI=true" >&2
 fi
 
-# 4. Lint the code, then the deployment files.
+# 4. Lint and type-check the code (mypy: strict on domain, search and api; pyproject's [tool.mypy]), then the
+#    deployment files.
 .venv/bin/ruff check tuner tests benchmarks examples migrations
+.venv/bin/mypy
 .venv/bin/ruff format --check --quiet tuner tests benchmarks examples migrations
 #    Deployment files: hadolint on the Dockerfiles, JSON-schema checks of compose and KubeRay manifests.
 if [ -f scripts/lint_deploy.sh ]; then

@@ -25,8 +25,10 @@ from tuner.domain import (
     SpecConfig,
     Speedup,
     TrialContext,
+    TrialProgress,
     TrialResult,
     TrialSpec,
+    TrialStage,
     TrialStatus,
     TuneOutcome,
 )
@@ -114,6 +116,8 @@ class FakeEvaluator:
                 self.active -= 1
 
     def _run(self, spec: TrialSpec, ctx: TrialContext | None) -> TrialResult:
+        if ctx is not None and spec.levels:  # as the runner does: the first level begins
+            ctx.on_progress(TrialProgress(TrialStage.MEASURING, len(spec.levels), level=1, label=spec.levels[0].label))
         deadline = time.monotonic() + self.delay_s
         while time.monotonic() < deadline:
             if ctx is not None and ctx.is_cancelled():

@@ -29,6 +29,7 @@ from tuner.domain import (
     TrafficRequest,
     TrialContext,
     TrialExecutor,
+    TrialProgress,
     TrialResult,
     TrialSpec,
     TrialStatus,
@@ -294,8 +295,23 @@ class JobRun:
                     raise
                 log.warning("trial %s of job %s: pgid %s not stored (database away)", proposal.number, *self._who())
 
+        def on_progress(progress: TrialProgress) -> None:
+            # What `GET /tune/{id}/trials` shows of a running trial; a lost write only loses the display.
+            try:
+                self._write(
+                    f"record stage of trial {proposal.number}",
+                    lambda s: runs.set_trial_stage(s, self.job_id, proposal.number, progress),
+                    retry_s=0,
+                )
+            except LostClaim:
+                pass  # the trial stops through is_cancelled; nothing of ours is written any more
+            except Exception as e:
+                log.debug("trial %s of job %s: stage not stored: %s", proposal.number, *self._who(), e)
+
         log_dir = str(self.cfg.log_dir / self.job_id) if self.cfg.log_dir else None
-        ctx = TrialContext(is_cancelled=self._is_cancelled, on_process_started=on_started, log_dir=log_dir)
+        ctx = TrialContext(
+            is_cancelled=self._is_cancelled, on_process_started=on_started, log_dir=log_dir, on_progress=on_progress
+        )
         try:
             return executor.submit(trial, ctx)
         except Exception as e:  # e.g. a job for one chip on a worker with another: recorded, never run

@@ -22,6 +22,7 @@ from tuner.domain import (
     Recovery,
     TrafficRequest,
     TrialProcess,
+    TrialProgress,
     TrialResult,
     TrialStatus,
     TuneOutcome,
@@ -70,6 +71,17 @@ def set_trial_pgid(session: Session, job_id: str, number: int, pgid: int) -> Non
         update(TrialRow)
         .where(TrialRow.job_id == job_id, TrialRow.number == number)
         .values(pgid=pgid)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def set_trial_stage(session: Session, job_id: str, number: int, progress: TrialProgress) -> None:
+    """Where a running trial is (server starting, level i of n, ...); a finished trial keeps its status."""
+    level = f"{progress.level} of {progress.levels} ({progress.label})" if progress.level is not None else None
+    session.execute(
+        update(TrialRow)
+        .where(TrialRow.job_id == job_id, TrialRow.number == number, TrialRow.status == TrialStatus.RUNNING.value)
+        .values(stage=progress.stage.value, stage_level=level)
         .execution_options(synchronize_session=False)
     )
 

@@ -119,13 +119,14 @@ def make_planner(settings: Settings, job_id: str, spec: JobSpec, requests: list[
         raise InvalidInput("trust_remote_code is not allowed on this worker (TUNER_ALLOW_TRUST_REMOTE_CODE)")
     config = read_model_config(spec.model.name, supplied=spec.model_config, revision=spec.model.revision)
     capabilities = None
+    vllm_version: str | None
     if spec.engine is Engine.SIMULATED:
         vllm_version = "0.34.0"  # the simulated engine models current vLLM
         hardware = spec.hardware
     else:
         report = host_report(settings)
         vllm_version = report.get("vllm_version")
-        hardware = spec.hardware if spec.hardware != "auto" else (report.get("hardware") or "auto")
+        hardware = spec.hardware if spec.hardware != "auto" else str(report.get("hardware") or "auto")
         if report.get("vllm_capabilities"):
             capabilities = VllmCapabilities.from_dict(report["vllm_capabilities"])
     space = build_space(

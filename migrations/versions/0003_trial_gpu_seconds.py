@@ -1,4 +1,4 @@
-"""trials: the GPU-seconds each trial held (wall time x the GPUs its server takes)
+"""trials: the GPU-seconds each trial held (wall time x the GPUs its server takes), a running trial's stage
 
 Revision ID: 0003
 Revises: 0002
@@ -17,8 +17,12 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("tuner_trials", schema=None) as batch_op:
         batch_op.add_column(sa.Column("gpu_seconds", sa.Float(), nullable=True))
+        batch_op.add_column(sa.Column("stage", sa.String(length=20), nullable=True))
+        batch_op.add_column(sa.Column("stage_level", sa.String(length=100), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("tuner_trials", schema=None) as batch_op:
+        batch_op.drop_column("stage_level")
+        batch_op.drop_column("stage")
         batch_op.drop_column("gpu_seconds")

@@ -182,6 +182,34 @@ def test_cancel_from_another_process_stops_running_trials(db_url: str) -> None:
         assert [tr.status for tr in tuning.list_trials(s, job_id)] == ["cancelled"]
 
 
+def test_a_running_trial_shows_its_stage_and_level(db_url: str) -> None:
+    from tuner.api.routes.tune import trial_out
+
+    factory = make_session_factory(make_engine(db_url))
+    job_id = submit(factory)
+    ev = FakeEvaluator(delay_s=30)
+    r = runner(factory, ListPlanner(SPECS), ev)
+    t = threading.Thread(target=r.run_once)
+    t.start()
+    try:
+        deadline = time.monotonic() + 15
+        while (row := _first_trial(factory, job_id)) is None or row.stage is None:
+            assert time.monotonic() < deadline, "no stage was recorded"
+            time.sleep(0.05)
+        shown = trial_out(row)
+        assert (shown.status, shown.phase, shown.level) == ("running", "measuring", f"1 of {len(LEVELS)} (c1)")
+    finally:
+        with transaction(factory) as s:
+            tuning.request_cancel(s, job_id)
+        t.join(15)
+    assert trial_out(_trial(factory, job_id, 0)).phase is None  # over: no stage shown
+
+
+def _first_trial(factory, job_id: str) -> TrialRow | None:  # type: ignore[no-untyped-def]
+    with factory() as s:
+        return s.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.number == 0)).first()
+
+
 def test_cancel_of_a_job_whose_runner_died_kills_its_processes_and_ends_it(db_url: str) -> None:
     """Cancel works from any process even when no live runner holds the job: the next runner finishes it."""
     factory = make_session_factory(make_engine(db_url))

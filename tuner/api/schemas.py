@@ -319,6 +319,8 @@ class TrialOut(BaseModel):
     finished_at: datetime | None
     duration_s: float | None
     gpu_seconds: float | None = None  # duration_s x the GPUs its server held
+    phase: str | None = None  # a running trial's stage: starting, ready, measuring, checking
+    level: str | None = None  # while measuring: "2 of 3 (c8)"
     result: dict[str, Any] | None
 
 

@@ -352,7 +352,7 @@ class OptunaPlanner:
         params: dict[str, Any] = {"arm": opt.key}
         if opt.method is not Method.OFF:
             params[f"k:{opt.key}"] = spec.num_speculative_tokens
-            if opt.lookups:
+            if opt.lookups and spec.prompt_lookup_min is not None and spec.prompt_lookup_max is not None:
                 params[f"lookup:{opt.key}"] = _lookup_label((spec.prompt_lookup_min, spec.prompt_lookup_max))
         return params
 
@@ -363,10 +363,11 @@ class OptunaPlanner:
         if opt is None or opt.method is Method.OFF:
             return SpecConfig()
         k = trial.suggest_categorical(f"k:{arm}", list(opt.depths))
-        lookup = None
+        lookup: tuple[int | None, int | None] | None = None
         if opt.lookups:
             label = trial.suggest_categorical(f"lookup:{arm}", [_lookup_label(x) for x in opt.lookups])
-            lookup = tuple(int(x) for x in label.split("-"))
+            lo, hi = (int(x) for x in label.split("-"))
+            lookup = (lo, hi)
         return opt.spec(int(k), lookup)
 
     def _enqueue(self, spec: SpecConfig, purpose: Purpose, **attrs: Any) -> None:

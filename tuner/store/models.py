@@ -99,6 +99,8 @@ class TrialRow(Base):
     finished_at: Mapped[datetime | None]
     duration_s: Mapped[float | None] = mapped_column(Float)
     gpu_seconds: Mapped[float | None] = mapped_column(Float)  # duration_s x the GPUs its server held
+    stage: Mapped[str | None] = mapped_column(String(20))  # a running trial's TrialStage
+    stage_level: Mapped[str | None] = mapped_column(String(100))  # and its level: "2 of 3 (c8)"
 
 
 class RecommendationRow(Base):

@@ -101,8 +101,8 @@ class VllmRunner:
                 return self._result(spec, progress, Failure(FailureClass.UNSUPPORTED, problem), log_path, None, t0)
         bad_env = sorted(k for k in spec.serving.env if not env_name_allowed(k))
         if bad_env:
-            failure = Failure(FailureClass.UNSUPPORTED, f"environment variables not allowed: {bad_env}")
-            return self._result(spec, progress, failure, log_path, None, t0)
+            refused = Failure(FailureClass.UNSUPPORTED, f"environment variables not allowed: {bad_env}")
+            return self._result(spec, progress, refused, log_path, None, t0)
 
         caps = installed_capabilities(opts.probe_python())
         schedule_field = caps.schedule_field if caps is not None else LEGACY_SCHEDULE_FIELD

@@ -15,7 +15,17 @@ from tuner.api.deps import Reader, SessionDep, SettingsDep, Writer
 from tuner.api.errors import problem_responses
 from tuner.api.limits import CheckedJsonRoute
 from tuner.api.schemas import CostOut, JobId, JobOut, TrialOut, TuneIn
-from tuner.domain import Engine, JobSpec, JobStatus, ModelRef, SpecConfig, TrafficRequest, fingerprint, from_jsonable
+from tuner.domain import (
+    Engine,
+    JobSpec,
+    JobStatus,
+    ModelRef,
+    SpecConfig,
+    TrafficRequest,
+    TrialStatus,
+    fingerprint,
+    from_jsonable,
+)
 from tuner.errors import InvalidInput
 from tuner.load_levels import default_levels
 from tuner.settings import Settings
@@ -71,6 +81,8 @@ def trial_out(row: TrialRow) -> TrialOut:
         finished_at=row.finished_at,
         duration_s=row.duration_s,
         gpu_seconds=row.gpu_seconds,
+        phase=row.stage if row.status == TrialStatus.RUNNING.value else None,
+        level=row.stage_level if row.status == TrialStatus.RUNNING.value else None,
         result=row.result,
     )
 

@@ -256,6 +256,7 @@ class LocalExecutor(Executor):
             is_cancelled=lambda: trial.kill.is_set() or _safe(trial.ctx.is_cancelled),
             on_process_started=on_started,
             log_dir=trial.ctx.log_dir,
+            on_progress=lambda progress: trial.ctx.on_progress(progress),  # the runner's own never raises
         )
 
         def call() -> None:
@@ -363,13 +364,13 @@ def _one_family(detected: Sequence[GpuInfo], wanted: str) -> tuple[list[int], st
 
 
 def _as_factory(evaluator: Evaluator | Callable[[], Evaluator]) -> Callable[[], Evaluator]:
-    """An Evaluator takes (spec, ctx); a factory takes nothing. Tell them apart by their signature."""
     if _is_evaluator(evaluator):
         return lambda: evaluator
     return evaluator
 
 
 def _is_evaluator(fn: Evaluator | Callable[[], Evaluator]) -> TypeIs[Evaluator]:
+    """An Evaluator takes (spec, ctx); a factory takes nothing. Tell them apart by their signature."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
