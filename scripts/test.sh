@@ -45,4 +45,5 @@ fi
 
 # 5. The suite.
 export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1
-exec .venv/bin/python -m pytest "$@"
+# --durations: the slowest tests, reported at the end of every run (CI must stay well under 30 minutes)
+exec .venv/bin/python -m pytest --durations=20 "$@"
