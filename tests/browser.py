@@ -109,11 +109,12 @@ def assert_charts_plot(charts: dict[str, Any], trials: list[dict[str, Any]]) -> 
         for lv in t["result"]["levels"]:
             sd = lv["spec_decode"]
             if sd and sd["num_drafts"]:
-                acc, drafts = sums.setdefault(json.dumps(t["speculative_config"], sort_keys=True), ([], 0))
+                key = json.dumps(t["speculative_config"], sort_keys=True)
+                acc, drafts = sums.get(key, ([], 0))
                 acc.extend([0] * (len(sd["accepted_per_position"]) - len(acc)))
                 for i, n in enumerate(sd["accepted_per_position"]):
                     acc[i] += n
-                sums[json.dumps(t["speculative_config"], sort_keys=True)] = (acc, drafts + sd["num_drafts"])
+                sums[key] = (acc, drafts + sd["num_drafts"])
     want_acc = sorted([n / drafts for n in acc] for acc, drafts in sums.values())
     got_acc = sorted([y for _, y in pts] for pts in points(charts["chart-accept-cum"]).values())
     assert len(got_acc) == len(want_acc)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 import json
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -78,7 +78,7 @@ def report_data(session: Session, job_id: str, team: str | None = None) -> dict[
             "level_weights": tuning.job_spec(job).level_weights,
         },
         "levels": levels,
-        "provenance": _provenance(results.values(), recs, traffic.workload_class, traffic.request_count, job),
+        "provenance": _provenance(list(results.values()), recs, traffic.workload_class, traffic.request_count, job),
         "trials": [_trial(r, results.get(r.number), baseline, objective, job.started_at) for r in rows],
         "speedup": _speedup_series(results, baseline, objective, levels, best.get("skipped") or []),
         "acceptance": _acceptance(results.values()),
@@ -102,7 +102,7 @@ def _iso(t: datetime | None) -> str | None:
     return t.isoformat() if t else None
 
 
-def _levels(job: JobRow, results: Sequence[TrialResult] | Any) -> list[dict[str, Any]]:
+def _levels(job: JobRow, results: Iterable[TrialResult]) -> list[dict[str, Any]]:
     """The job's levels in order, as the trials measured them (label, value, kind)."""
     seen: dict[str, dict[str, Any]] = {}
     for res in results:
@@ -115,7 +115,7 @@ def _levels(job: JobRow, results: Sequence[TrialResult] | Any) -> list[dict[str,
     return sorted(seen.values(), key=lambda lv: float(lv["value"] or 0))
 
 
-def _baseline_metric(results: Any, objective: Objective) -> dict[str, float]:
+def _baseline_metric(results: Iterable[TrialResult], objective: Objective) -> dict[str, float]:
     """Per level, the median metric over every no-speculation run (the baseline and its confirmations)."""
     by_level: dict[str, list[float]] = {}
     for res in results:
@@ -164,7 +164,6 @@ def _trial(
         "purpose": row.purpose,
         "method": row.method,
         "label": spec.label(),
-        "key": spec.key(),
         "status": row.status,
         "engine": row.engine,
         "failure_class": row.failure_class,
@@ -223,7 +222,7 @@ def _speedup_series(
     return out
 
 
-def _acceptance(results: Any) -> list[dict[str, Any]]:
+def _acceptance(results: Iterable[TrialResult]) -> list[dict[str, Any]]:
     """Per speculative configuration, acceptance at each draft position over all its runs and levels:
     cumulative (accepted at i / drafts: vLLM's per-position figure) and conditional (given i-1 accepted),
     and the share of decode steps that proposed nothing (ngram and suffix find no match)."""
@@ -308,9 +307,12 @@ def _answer(recs: Sequence[RecommendationRow], best: Mapping[str, Any], levels: 
 
 
 def _provenance(
-    results: Any, recs: Sequence[RecommendationRow], workload_class: str, request_count: int, job: JobRow
+    results: Sequence[TrialResult],
+    recs: Sequence[RecommendationRow],
+    workload_class: str,
+    request_count: int,
+    job: JobRow,
 ) -> dict[str, Any]:
-    results = list(results)
     return {
         "vllm_versions": sorted({r.vllm_version for r in results if r.vllm_version}),
         "hardware": sorted({r.hardware for r in results if r.hardware}) or [job.hardware],
@@ -360,11 +362,10 @@ def render_html(data: Mapping[str, Any]) -> str:
     job, cost, answer = data["job"], data["cost"], data["answer"]
     sim = bool(job["simulated"])
     title = f"{'[SIMULATED] ' if sim else ''}spec-tuner report: {job['model']} on {job['hardware']} ({job['id']})"
-    t0 = 0.0
     span = max([(t["start_s"] or 0) + (t["duration_s"] or 0) for t in data["trials"]] or [1.0]) or 1.0
     timeline = []
     for t in data["trials"]:
-        left = 100 * ((t["start_s"] or t0) / span)
+        left = 100 * ((t["start_s"] or 0.0) / span)
         width = max(0.5, 100 * ((t["duration_s"] or 0) / span))
         startup = 100 * ((t["startup_s"] or 0) / span)
         bar = (

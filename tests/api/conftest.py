@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -17,6 +18,7 @@ from tuner.api.app import create_app
 from tuner.auth import create_token
 from tuner.settings import Settings
 from tuner.store.db import make_engine, make_session_factory, transaction
+from tuner.wiring import make_runner
 
 
 @dataclass
@@ -70,3 +72,29 @@ def serve(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+@pytest.fixture
+def served(db_url: str, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
+    """The app with its in-process runner (the simulated engine), and a tune+read token's headers."""
+    settings = Settings(database_url=db_url, data_dir=tmp_path, poll_s=0.1, heartbeat_s=0.5)
+    engine = make_engine(db_url)
+    with transaction(make_session_factory(engine)) as s:
+        token = create_token(s, "e2e", ["tune", "read"])
+    engine.dispose()
+    app = create_app(settings, background=lambda st, f: make_runner(st, f, report=False))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client, {"Authorization": f"Bearer {token}"}
+
+
+def run_to_end(
+    client: TestClient, auth: dict[str, str], body: dict[str, Any], timeout_s: float = 120
+) -> dict[str, Any]:
+    """POST /tune ``body`` (202) and follow the job until it ends; returns the ended job."""
+    r = client.post("/tune", headers=auth, json=body)
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + timeout_s
+    while (job := client.get(r.headers["location"], headers=auth).json())["status"] in ("queued", "running"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+    return job

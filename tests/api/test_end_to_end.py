@@ -4,41 +4,26 @@ Optuna planner and the simulated engine, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.api.conftest import run_to_end
 from tests.api.test_traffic import sharegpt_subset
-from tuner.api.app import create_app
-from tuner.auth import create_token
 from tuner.demo import LLAMA_8B_CONFIG
 from tuner.settings import Settings
 from tuner.store.db import make_engine, make_session_factory, transaction
 from tuner.wiring import make_runner
 
 
-@pytest.fixture
-def served(db_url: str, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
-    settings = Settings(database_url=db_url, data_dir=tmp_path, poll_s=0.1, heartbeat_s=0.5)
-    engine = make_engine(db_url)
-    with transaction(make_session_factory(engine)) as s:
-        token = create_token(s, "e2e", ["tune", "read"])
-    engine.dispose()
-    app = create_app(settings, background=lambda st, f: make_runner(st, f, report=False))
-    with TestClient(app, raise_server_exceptions=False) as client:
-        yield client, {"Authorization": f"Bearer {token}"}
-
-
 def test_tune_to_recommendation(served: tuple[TestClient, dict[str, str]]) -> None:
     client, auth = served
     sample = client.post("/traffic", content=sharegpt_subset(12), headers=auth).json()
-    r = client.post(
-        "/tune",
-        headers=auth,
-        json={
+    job = run_to_end(
+        client,
+        auth,
+        {
             "model": "meta-llama/Llama-3.1-8B-Instruct",
             "hf_config": LLAMA_8B_CONFIG,
             "traffic": sample["id"],
@@ -51,12 +36,7 @@ def test_tune_to_recommendation(served: tuple[TestClient, dict[str, str]]) -> No
             "slo": {"p99_tpot_ms": 500},
         },
     )
-    assert r.status_code == 202, r.text
-    job_url = r.headers["location"]
-    deadline = time.monotonic() + 120
-    while (job := client.get(job_url, headers=auth).json())["status"] in ("queued", "running"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
+    job_url = f"/tune/{job['id']}"
     assert job["status"] == "succeeded", job
     assert job["best"]["simulated"] is True
     trials = client.get(f"{job_url}/trials", headers=auth).json()

@@ -4,22 +4,18 @@ and no request beyond itself, its charts plot exactly the job's trials, and it s
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.api.conftest import run_to_end
 from tests.api.test_traffic import sharegpt_subset
 from tests.browser import assert_charts_plot, render
-from tuner.api.app import create_app
 from tuner.auth import create_token
 from tuner.demo import LLAMA_8B_CONFIG
-from tuner.settings import Settings
 from tuner.store.db import make_engine, make_session_factory, transaction
-from tuner.wiring import make_runner
 
 CHARTS = (
     "chart-speedup",
@@ -32,42 +28,35 @@ CHARTS = (
 
 
 @pytest.fixture
-def finished(db_url: str, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str], dict[str, Any]]]:
-    """A simulated job run to the end by the app's own runner; the client, a token's headers, the job."""
-    settings = Settings(database_url=db_url, data_dir=tmp_path, poll_s=0.1, heartbeat_s=0.5)
-    engine = make_engine(db_url)
-    with transaction(make_session_factory(engine)) as s:
-        token = create_token(s, "report", ["tune", "read"])
+def finished(
+    served: tuple[TestClient, dict[str, str]], db_url: str
+) -> tuple[TestClient, dict[str, str], dict[str, Any]]:
+    """A simulated job run to the end by the app's own runner; the client, a token's headers, the job (with
+    ``other_team``: the headers of a reader of another team)."""
+    client, auth = served
+    with transaction(make_session_factory(make_engine(db_url))) as s:
         other = create_token(s, "other", ["read"], team="other")
-    engine.dispose()
-    app = create_app(settings, background=lambda st, f: make_runner(st, f, report=False))
-    with TestClient(app, raise_server_exceptions=False) as client:
-        auth = {"Authorization": f"Bearer {token}"}
-        sample = client.post("/traffic", content=sharegpt_subset(12), headers=auth).json()
-        r = client.post(
-            "/tune",
-            headers=auth,
-            json={
-                "model": "meta-llama/Llama-3.1-8B-Instruct",
-                "hf_config": LLAMA_8B_CONFIG,
-                "traffic": sample["id"],
-                "engine": "simulated",
-                "hardware": "mi300x",
-                "concurrency": [1, 16, 128],
-                "num_requests": 16,
-                "budget": {"max_trials": 12},
-                "confirm_runs": 3,
-                "slo": {"p99_tpot_ms": 60, "p99_ttft_ms": 3000},
-            },
-        )
-        assert r.status_code == 202, r.text
-        deadline = time.monotonic() + 180
-        while (job := client.get(r.headers["location"], headers=auth).json())["status"] in ("queued", "running"):
-            assert time.monotonic() < deadline, job
-            time.sleep(0.2)
-        assert job["status"] == "succeeded", job
-        job["other_team"] = {"Authorization": f"Bearer {other}"}
-        yield client, auth, job
+    sample = client.post("/traffic", content=sharegpt_subset(12), headers=auth).json()
+    job = run_to_end(
+        client,
+        auth,
+        {
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "hf_config": LLAMA_8B_CONFIG,
+            "traffic": sample["id"],
+            "engine": "simulated",
+            "hardware": "mi300x",
+            "concurrency": [1, 16, 128],
+            "num_requests": 16,
+            "budget": {"max_trials": 12},
+            "confirm_runs": 3,
+            "slo": {"p99_tpot_ms": 60, "p99_ttft_ms": 3000},
+        },
+        timeout_s=180,
+    )
+    assert job["status"] == "succeeded", job
+    job["other_team"] = {"Authorization": f"Bearer {other}"}
+    return client, auth, job
 
 
 def test_report_of_a_simulated_job(finished: tuple[TestClient, dict[str, str], dict[str, Any]], tmp_path: Path) -> None:

@@ -193,7 +193,10 @@ def test_a_running_trial_shows_its_stage_and_level(db_url: str) -> None:
     t.start()
     try:
         deadline = time.monotonic() + 15
-        while (row := _first_trial(factory, job_id)) is None or row.stage is None:
+        while not ev.calls:  # the trial is recorded before its evaluator is called
+            assert time.monotonic() < deadline, "the baseline never started"
+            time.sleep(0.02)
+        while (row := _trial(factory, job_id, 0)).stage is None:
             assert time.monotonic() < deadline, "no stage was recorded"
             time.sleep(0.05)
         shown = trial_out(row)
@@ -203,11 +206,6 @@ def test_a_running_trial_shows_its_stage_and_level(db_url: str) -> None:
             tuning.request_cancel(s, job_id)
         t.join(15)
     assert trial_out(_trial(factory, job_id, 0)).phase is None  # over: no stage shown
-
-
-def _first_trial(factory, job_id: str) -> TrialRow | None:  # type: ignore[no-untyped-def]
-    with factory() as s:
-        return s.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.number == 0)).first()
 
 
 def test_cancel_of_a_job_whose_runner_died_kills_its_processes_and_ends_it(db_url: str) -> None:
