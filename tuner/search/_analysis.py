@@ -20,7 +20,7 @@ from tuner.domain import (
     TrialStatus,
     arm_key,
 )
-from tuner.search._predict import Baseline, Candidate, Predictor
+from tuner.search._predict import Baseline, Candidate, Estimate, Predictor
 from tuner.search._records import RETRYABLE, SEARCH, ConfigStats, Record
 from tuner.search._space import MethodOptions, SearchSpace
 from tuner.search.compat import BATCH_SCHEDULE
@@ -102,6 +102,8 @@ class Analysis:
             if r.spec is not None and r.result is not None and r.result.status.has_figures()
         }
         self.noise = noise if noise is not None else self._estimate_noise()
+        self.level_noise = noise if noise is not None else self._estimate_level_noise()
+        self._estimates: dict[str, dict[str, Estimate]] = {}
         self.prediction_errors = self._prediction_errors()
         self.band, self.arm_bands = self._bands()
         self.predictor = Predictor(
@@ -266,6 +268,38 @@ class Analysis:
         if len(devs) < 2:
             return DEFAULT_NOISE
         return max(0.01, min(0.2, math.sqrt(statistics.fmean(devs))))
+
+    def _estimate_level_noise(self) -> float:
+        """The run-to-run noise of one level's figure (log scale): pooled over every level of every config run
+        more than once, as ``_estimate_noise`` pools the objective. A level's figure is noisier than the
+        objective, which averages the levels. ``DEFAULT_NOISE`` until two repeats are in."""
+        devs: list[float] = []
+        for st in self._config_stats(self.records).values():
+            for vals in st.ratios.values():
+                if len(vals) < 2:
+                    continue
+                logs = [math.log(v) for v in vals if v > 0]
+                mean = statistics.fmean(logs)
+                devs.extend((x - mean) ** 2 * len(logs) / (len(logs) - 1) for x in logs)
+        if len(devs) < 2:
+            return DEFAULT_NOISE
+        return max(0.01, min(0.2, math.sqrt(statistics.fmean(devs))))
+
+    def estimate(self, st: ConfigStats) -> dict[str, Estimate]:
+        """A measured config's pooled figure per level (``Predictor.pooled``); off is 1 by definition, as
+        uncertain as the baseline's runs."""
+        key = f"{st.spec.key()}#{st.runs}"  # the search's stats, or with the confirmation runs too
+        if key not in self._estimates:
+            if st.spec.is_off:
+                n = max(1, st.runs)
+                self._estimates[key] = {lb: Estimate(1.0, self.level_noise**2 / n) for lb in self.labels}
+            elif self.can_predict:
+                self._estimates[key] = self.predictor.pooled(st, self.level_noise)
+            else:
+                self._estimates[key] = {
+                    lb: Estimate(v, self.level_noise**2 / len(st.ratios[lb])) for lb, v in st.per_level().items()
+                }
+        return self._estimates[key]
 
     def _prediction_errors(self) -> dict[str, list[float]]:
         """The prediction-error log, per arm: for every search trial proposed with a prediction and then

@@ -74,7 +74,7 @@ def per_level_winners(a: Analysis, records: Sequence[Record]) -> tuple[LevelWinn
         if label in a.undecided:
             continue  # measured the client's ceiling: no per-range answer from it
         scored = [
-            (1.0 if st.spec.is_off else st.per_level()[label], st)
+            (a.estimate(st)[label].value, st)
             for st in stats.values()
             if st.spec.schedule is None and _eligible_at(a, st, label)
         ]

@@ -79,6 +79,55 @@ class ArmModel:
         return self.curve.tau(min(k, self.depth)) + max(0, k - self.depth) * self.curve.survival(self.depth)
 
 
+# How far the step-cost model's change with depth may be off, per depth step apart (log scale), before the
+# measurements say otherwise, and how many squared depth steps of evidence that prior is worth
+# (``Predictor._shape_error``).
+SHAPE_PRIOR = 0.015
+SHAPE_PRIOR_WEIGHT = 4.0
+# A run further than this many of its own widths from the pooled estimate counts for less (Huber's weights):
+# one slow run (a noisy neighbour, a throttle) must not decide a level.
+HUBER = 1.5
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A measured config's figure at one level: the pooled speedup and the variance of its logarithm."""
+
+    value: float
+    var: float
+
+
+class _Group:
+    """The runs of one measured depth at one level, moved to the depth being estimated (log scale)."""
+
+    def __init__(self, logs: list[float], shift: float, extra: float) -> None:
+        self.logs = [x + shift for x in logs]
+        self.extra = extra  # the shape's variance for this distance in depth
+        self.weights = [1.0] * len(logs)
+
+
+def _pool(groups: list[_Group], noise: float) -> tuple[float, float]:
+    """Inverse-variance mean over the depths' (Huber-weighted) run means, iterated three times."""
+    est, var = 0.0, math.inf
+    for _ in range(3):
+        num = den = 0.0
+        for g in groups:
+            n = sum(g.weights)
+            if n <= 0:
+                continue
+            mean = sum(w * x for w, x in zip(g.weights, g.logs, strict=True)) / n
+            v = noise * noise / n + g.extra
+            num += mean / v
+            den += 1.0 / v
+        if den <= 0:
+            break
+        est, var = num / den, 1.0 / den
+        for g in groups:
+            scale = math.sqrt(noise * noise + g.extra)
+            g.weights = [min(1.0, HUBER * scale / max(abs(x - est), 1e-12)) for x in g.logs]
+    return est, var
+
+
 class Predictor:
     def __init__(
         self,
@@ -263,3 +312,93 @@ class Predictor:
         else:
             factor = 2.0
         return self._anchored(arm, k, model), self.arm_bands.get(spec.arm, self.band) * factor
+
+    def pooled(self, st: ConfigStats, noise: float) -> dict[str, Estimate]:
+        """A measured static config's figure at each level from every run of its arm, not only its own.
+
+        One run per config at 1-4% noise (and the odd slow run) cannot tell depths 2% apart; the arm's other
+        depths were measured at the same level, and where the model gets the change with depth right
+        (acceptance is counted, not timed) it tells them apart better than one run does. So each measured
+        depth's runs are moved to this depth by the model's ratio (``_per_level``), with a variance of
+        ``noise**2 / runs`` plus the shape's error squared per depth step apart (``_shape_error``: learnt from
+        how the arm's measured depths disagree with the model's ratios, a prior until they can), and pooled by
+        inverse variance; runs far from the pooled figure count less (Huber). Its own runs carry most weight,
+        and the only weight when the arm has no model or one depth measured. ``noise`` is one level's
+        run-to-run noise (log scale).
+        """
+        own = {label: [math.log(v) for v in vals if v > 0] for label, vals in st.ratios.items()}
+        members, curves = self._arm_members(st)
+        shape = self._shape_error(members, curves, noise) if members else 0.0
+        k = st.spec.num_speculative_tokens
+        out: dict[str, Estimate] = {}
+        for label, logs in own.items():
+            if not logs:
+                continue
+            groups = [_Group(logs, 0.0, 0.0)]
+            for o in members:
+                d = o.spec.num_speculative_tokens
+                vals = [math.log(v) for v in o.ratios.get(label, []) if v > 0]
+                at_k, at_d = curves[k].get(label, 0.0), curves[d].get(label, 0.0)
+                if o is st or not vals or at_k <= 0 or at_d <= 0:
+                    continue
+                groups.append(_Group(vals, math.log(at_k / at_d), (shape * abs(k - d)) ** 2))
+            est, var = _pool(groups, noise)
+            out[label] = Estimate(math.exp(est), var)
+        return out
+
+    def _arm_members(self, st: ConfigStats) -> tuple[list[ConfigStats], dict[int, dict[str, float]]]:
+        """The measured static depths of ``st``'s arm (``st`` included) and the model's per-level figures at
+        each; nothing when the arm has no model yet or only one depth measured."""
+        opt = self.space.option_for(st.spec)
+        model = self.step_model()
+        if opt is None or model is None or st.spec.schedule is not None or st.spec.is_off:
+            return [], {}
+        lookup = (st.spec.prompt_lookup_min, st.spec.prompt_lookup_max) if opt.lookups else None
+        arm = self.arm(opt, lookup)
+        if arm is None:
+            return [], {}
+        window = (st.spec.prompt_lookup_min, st.spec.prompt_lookup_max)
+        members = [
+            o
+            for o in self.stats.values()
+            if o.spec.schedule is None
+            and not o.diverged
+            and self.space.option_for(o.spec) is opt
+            and (o.spec.prompt_lookup_min, o.spec.prompt_lookup_max) == window
+        ]
+        if st not in members:
+            members.append(st)
+        depths = {o.spec.num_speculative_tokens for o in members}
+        if len(depths) < 2:
+            return [], {}
+        return members, {d: self._per_level(arm, d, model) for d in depths}
+
+    def _shape_error(
+        self, members: list[ConfigStats], curves: Mapping[int, Mapping[str, float]], noise: float
+    ) -> float:
+        """How wrong the model's change with depth has been for this arm, per depth step (log scale).
+
+        For every two measured depths at a level, the measured ratio's disagreement with the model's is
+        ``e``; ``e**2`` is the runs' noise (``noise**2 * (1/n_a + 1/n_b)``) plus the shape's error squared
+        times the depths' distance squared. What is left after the noise, pooled over the pairs with a prior
+        of ``SHAPE_PRIOR`` worth ``SHAPE_PRIOR_WEIGHT`` squared depth steps: a model that misses the arm's
+        shape lends its depths little weight, one that fits it lends much.
+        """
+        num = SHAPE_PRIOR**2 * SHAPE_PRIOR_WEIGHT
+        den = SHAPE_PRIOR_WEIGHT
+        for i, x in enumerate(members):
+            for y in members[i + 1 :]:
+                dx, dy = x.spec.num_speculative_tokens, y.spec.num_speculative_tokens
+                if dx == dy:
+                    continue
+                for label in self.labels:
+                    vx, vy = x.ratios.get(label), y.ratios.get(label)
+                    px, py = curves[dx].get(label, 0.0), curves[dy].get(label, 0.0)
+                    if not vx or not vy or px <= 0 or py <= 0:
+                        continue
+                    mx = statistics.median(vx) if len(vx) >= 3 else statistics.fmean(vx)
+                    my = statistics.median(vy) if len(vy) >= 3 else statistics.fmean(vy)
+                    e = math.log(mx / my) - math.log(px / py)
+                    num += max(0.0, e * e - noise * noise * (1 / len(vx) + 1 / len(vy)))
+                    den += (dx - dy) ** 2
+        return math.sqrt(num / den)
