@@ -125,7 +125,10 @@ class Analysis:
             if not lrs:
                 continue
             self.baseline[label] = lrs[0]
-            self.baseline_metric[label] = statistics.fmean(level_metric(lr, self.objective) for lr in lrs)
+            metric = [level_metric(lr, self.objective) for lr in lrs]
+            # the median from three runs on, as for every config (``ConfigStats.per_level``): one slow baseline
+            # run would lift every ratio at the level
+            self.baseline_metric[label] = statistics.median(metric) if len(metric) >= 3 else statistics.fmean(metric)
             if all(lr.tpot_ms.mean > 0 and lr.request_throughput > 0 for lr in lrs):
                 tpot = statistics.fmean(lr.tpot_ms.mean for lr in lrs)
                 ttft = statistics.fmean(lr.ttft_ms.mean for lr in lrs)
@@ -283,13 +286,16 @@ class Analysis:
                 devs.extend((x - mean) ** 2 * len(logs) / (len(logs) - 1) for x in logs)
         if len(devs) < 2:
             return DEFAULT_NOISE
-        return max(0.01, min(0.2, math.sqrt(statistics.fmean(devs))))
+        # the median squared deviation over that of a normal's (0.455): a slow run among them does not make
+        # every run look as noisy as it
+        return max(0.01, min(0.2, math.sqrt(statistics.median(devs) / 0.455)))
 
     def estimate(self, st: ConfigStats) -> dict[str, Estimate]:
         """A measured config's pooled figure per level (``Predictor.pooled``); off is 1 by definition, as
         uncertain as the baseline's runs."""
         key = f"{st.spec.key()}#{st.runs}"  # the search's stats, or with the confirmation runs too
         if key not in self._estimates:
+            own = st.spec.key()
             if st.spec.is_off:
                 n = max(1, st.runs)
                 self._estimates[key] = {lb: Estimate(1.0, self.level_noise**2 / n) for lb in self.labels}
@@ -297,7 +303,8 @@ class Analysis:
                 self._estimates[key] = self.predictor.pooled(st, self.level_noise)
             else:
                 self._estimates[key] = {
-                    lb: Estimate(v, self.level_noise**2 / len(st.ratios[lb])) for lb, v in st.per_level().items()
+                    lb: Estimate(v, (nv := self.level_noise**2 / len(st.ratios[lb])), {own: (1.0, nv)})
+                    for lb, v in st.per_level().items()
                 }
         return self._estimates[key]
 

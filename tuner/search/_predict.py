@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuner.domain import Objective, Proposer, SpecConfig, TrialResult
 from tuner.search._records import ConfigStats
@@ -91,26 +91,41 @@ HUBER = 1.5
 
 @dataclass(frozen=True)
 class Estimate:
-    """A measured config's figure at one level: the pooled speedup and the variance of its logarithm."""
+    """A measured config's figure at one level: the pooled speedup, the variance of its logarithm, and the
+    weight each measured config's runs carry in it with their noise variance (what two estimates of one
+    arm share: ``diff_var``)."""
 
     value: float
     var: float
+    parts: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+
+def diff_var(a: Estimate, b: Estimate) -> float:
+    """The variance of ``log(a / b)``: two depths of one arm pooled from the same runs move together, so
+    their difference is surer than either figure."""
+    cov = sum(
+        wa * b.parts[key][0] * math.sqrt(va * b.parts[key][1]) for key, (wa, va) in a.parts.items() if key in b.parts
+    )
+    return max(0.0, a.var + b.var - 2 * cov)
 
 
 class _Group:
-    """The runs of one measured depth at one level, moved to the depth being estimated (log scale)."""
+    """The runs of one measured config at one level, moved to the depth being estimated (log scale)."""
 
-    def __init__(self, logs: list[float], shift: float, extra: float) -> None:
+    def __init__(self, key: str, logs: list[float], shift: float, extra: float) -> None:
+        self.key = key
         self.logs = [x + shift for x in logs]
         self.extra = extra  # the shape's variance for this distance in depth
         self.weights = [1.0] * len(logs)
 
 
-def _pool(groups: list[_Group], noise: float) -> tuple[float, float]:
-    """Inverse-variance mean over the depths' (Huber-weighted) run means, iterated three times."""
+def _pool(groups: list[_Group], noise: float) -> Estimate:
+    """Inverse-variance mean over the configs' (Huber-weighted) run means, iterated three times."""
     est, var = 0.0, math.inf
+    parts: dict[str, tuple[float, float]] = {}
     for _ in range(3):
         num = den = 0.0
+        inv: dict[str, tuple[float, float]] = {}
         for g in groups:
             n = sum(g.weights)
             if n <= 0:
@@ -119,13 +134,15 @@ def _pool(groups: list[_Group], noise: float) -> tuple[float, float]:
             v = noise * noise / n + g.extra
             num += mean / v
             den += 1.0 / v
+            inv[g.key] = (1.0 / v, noise * noise / n)
         if den <= 0:
             break
         est, var = num / den, 1.0 / den
+        parts = {key: (w / den, nv) for key, (w, nv) in inv.items()}
         for g in groups:
             scale = math.sqrt(noise * noise + g.extra)
             g.weights = [min(1.0, HUBER * scale / max(abs(x - est), 1e-12)) for x in g.logs]
-    return est, var
+    return Estimate(math.exp(est), var, parts)
 
 
 class Predictor:
@@ -334,16 +351,15 @@ class Predictor:
         for label, logs in own.items():
             if not logs:
                 continue
-            groups = [_Group(logs, 0.0, 0.0)]
+            groups = [_Group(st.spec.key(), logs, 0.0, 0.0)]
             for o in members:
                 d = o.spec.num_speculative_tokens
                 vals = [math.log(v) for v in o.ratios.get(label, []) if v > 0]
                 at_k, at_d = curves[k].get(label, 0.0), curves[d].get(label, 0.0)
                 if o is st or not vals or at_k <= 0 or at_d <= 0:
                     continue
-                groups.append(_Group(vals, math.log(at_k / at_d), (shape * abs(k - d)) ** 2))
-            est, var = _pool(groups, noise)
-            out[label] = Estimate(math.exp(est), var)
+                groups.append(_Group(o.spec.key(), vals, math.log(at_k / at_d), (shape * abs(k - d)) ** 2))
+            out[label] = _pool(groups, noise)
         return out
 
     def _arm_members(self, st: ConfigStats) -> tuple[list[ConfigStats], dict[int, dict[str, float]]]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from tuner.domain import Method, SpecConfig
 from tuner.search._analysis import Analysis
-from tuner.search._predict import Candidate
+from tuner.search._predict import Candidate, diff_var
 from tuner.search._records import MAX_SEARCH_REPEATS, SEARCH, Record
 
 # Two configs within 1% of each other at a level are a tie (vLLM's tune_speculative_k breaks it toward the
@@ -33,7 +33,9 @@ TIE = 0.01
 # two configs are told apart once their means differ by CLOSE_Z noise widths; MAX_RUNS runs of a config
 # at most (vLLM's tune_speculative_k measures each point three times).
 HIT = 0.02
-CLOSE_Z = 1.0
+CLOSE_Z = 2.0
+# two runs of a config this many noise widths apart at a level: one of them was slow (``_split_runs``)
+SPLIT_Z = 2.5
 MAX_RUNS = 3
 
 
@@ -91,7 +93,7 @@ def next_search(
     verify = _verify(a, cands)
     if verify is not None:
         return verify
-    repeat = _close_call(a, records, budget_left)
+    repeat = _split_runs(a, records, budget_left) or _close_call(a, records, budget_left)
     if repeat is not None:
         return repeat
     if any(r.pending and r.purpose in SEARCH for r in records):
@@ -169,6 +171,52 @@ def _verify(a: Analysis, cands: list[Candidate]) -> Run | None:
     return Run(c.spec, why, c.per_level)
 
 
+def _split_runs(a: Analysis, records: Sequence[Record], budget_left: int) -> Run | None:
+    """A third run where two runs of a config that decides something disagree beyond the noise: the
+    baseline (every ratio at a level is over it) or a level's best. Two runs ``SPLIT_Z`` noise widths
+    apart at a level say one of them was slow (a noisy neighbour, a throttle), not which; the median of
+    three does."""
+    if budget_left <= 0 or _repeats(records) >= MAX_SEARCH_REPEATS * len(a.labels):
+        return None
+    pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
+    tops = []
+    for label in a.labels:
+        if label in a.undecided:
+            continue
+        scored = [
+            (est[label].value, st)
+            for st in a.stats.values()
+            if st.spec.schedule is None and a.eligible(st) and label in (est := a.estimate(st))
+        ]
+        if scored:
+            tops.append(max(scored, key=lambda t: t[0])[1])
+    off = next((st for st in a.stats.values() if st.spec.is_off), None)
+    width = SPLIT_Z * a.level_noise * math.sqrt(2)
+    for st in ([off] if off is not None else []) + tops:
+        if st.runs != 2 or st.spec.key() in pending:
+            continue
+        split = [
+            lb
+            for lb, v in st.ratios.items()
+            if lb not in a.undecided and len(v) == 2 and min(v) > 0 and abs(math.log(v[0] / v[1])) > width
+        ]
+        if split:
+            return Run(st.spec, f"re-measure: its two runs disagree at {', '.join(split)} (run 3)")
+    return None
+
+
+def _repeats(records: Sequence[Record]) -> int:
+    """Search runs of a config run before."""
+    seen: set[str] = set()
+    n = 0
+    for r in sorted(records, key=lambda r: r.number):
+        if r.purpose not in SEARCH or not r.launched or r.spec is None:
+            continue
+        n += r.spec.key() in seen
+        seen.add(r.spec.key())
+    return n
+
+
 def _close_call(a: Analysis, records: Sequence[Record], budget_left: int) -> Run | None:
     """Re-measure where one noisy run may have picked a level's answer: at a level, the best measured config
     and another eligible one whose difference is within ``CLOSE_Z`` noise widths of their means' difference
@@ -176,21 +224,7 @@ def _close_call(a: Analysis, records: Sequence[Record], budget_left: int) -> Run
     tie does not count). The side with fewer runs runs again (off too: its runs are the baseline's); the
     config in the most such calls, by level weight, first. At most ``MAX_RUNS`` runs of a config, and
     ``MAX_SEARCH_REPEATS`` times the number of levels repeats in a search."""
-    if budget_left <= 0:
-        return None
-    repeats = sum(
-        1
-        for r in records
-        if r.purpose in SEARCH
-        and r.launched
-        and r.spec is not None
-        and any(
-            o.spec.key() == r.spec.key() and o.number < r.number
-            for o in records
-            if o.purpose in SEARCH and o.launched and o.spec is not None
-        )
-    )
-    if repeats >= MAX_SEARCH_REPEATS * len(a.labels):
+    if budget_left <= 0 or _repeats(records) >= MAX_SEARCH_REPEATS * len(a.labels):
         return None
     pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
     score: dict[str, float] = {}
@@ -199,20 +233,21 @@ def _close_call(a: Analysis, records: Sequence[Record], budget_left: int) -> Run
         if label in a.undecided:
             continue
         scored = [
-            (st.per_level()[label], st)
+            (est[label], st)
             for st in a.stats.values()
-            if st.spec.schedule is None and a.eligible(st) and label in st.per_level()
+            if st.spec.schedule is None and a.eligible(st) and label in (est := a.estimate(st))
         ]
         if len(scored) < 2:
             continue
-        best, top = max(scored, key=lambda t: t[0])
-        for value, st in scored:
-            if st is top or value <= 0:
+        best, top = max(scored, key=lambda t: t[0].value)
+        for e, st in scored:
+            if st is top or e.value <= 0:
                 continue
-            width = CLOSE_Z * a.noise * math.sqrt(1 / top.runs + 1 / st.runs)
-            if math.log(best / value) >= width - HIT:
+            width = CLOSE_Z * math.sqrt(diff_var(best, e))
+            if math.log(best.value / e.value) >= width - HIT:
                 continue  # separated, or a tie either way
-            fewer = min((top, st), key=lambda s: (s.runs, s.numbers[0]))
+            # the less certain side runs again (off's runs are the baseline's)
+            fewer = max(((top, best), (st, e)), key=lambda t: (t[1].var, -t[0].runs, -t[0].numbers[0]))[0]
             if fewer.runs >= MAX_RUNS or fewer.spec.key() in pending:
                 continue
             score[fewer.spec.key()] = score.get(fewer.spec.key(), 0.0) + a.weights.get(label, 0.0)
