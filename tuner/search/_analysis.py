@@ -16,6 +16,7 @@ from tuner.domain import (
     LevelResult,
     Method,
     Objective,
+    Purpose,
     SpecConfig,
     TrialStatus,
     arm_key,
@@ -73,7 +74,7 @@ class Analysis:
             (
                 r.result.failure
                 for r in search
-                if r.purpose == "baseline"
+                if r.purpose is Purpose.BASELINE
                 and r.result is not None
                 and not r.measured
                 and r.result.failure is not None
@@ -178,7 +179,7 @@ class Analysis:
                 if r.result.status is TrialStatus.SKIPPED:
                     self.failed_configs.setdefault(r.spec.key(), "skipped by the runner")
                 continue
-            if r.purpose == "confirm" and f.cls not in RETRYABLE:
+            if r.purpose is Purpose.CONFIRM and f.cls not in RETRYABLE:
                 self.failed_configs.setdefault(r.spec.key(), f"{f.cls.value} on a confirmation run ({f.reason})")
             elif f.cls is FailureClass.UNSUPPORTED:
                 self.excluded_arms.setdefault(arm, f"unsupported: {f.reason}")

@@ -17,11 +17,22 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from enum import StrEnum
 
 from tuner.domain import Purpose, SpecConfig, TrialResult, TrialStatus
 from tuner.search._analysis import Analysis
 from tuner.search._records import Record
 from tuner.search.objective import combine, level_metric
+
+
+class Role(StrEnum):
+    """What a confirmation run re-measures (stored with the trial as its ``role``)."""
+
+    WINNER = "winner"
+    CANDIDATE = "candidate"  # a near miss one noisy run may have misjudged
+    SCHEDULE = "schedule"
+    BASELINE = "baseline"
+
 
 # A winner that keeps failing its confirmations is replaced by the next; this bounds how often.
 MAX_CONFIRM_ROUNDS = 4
@@ -67,21 +78,21 @@ def robust_score(values: Sequence[float]) -> float:
     return med - statistics.median(abs(v - med) for v in values)
 
 
-def deploy_candidates(a: Analysis) -> list[tuple[str, SpecConfig]]:
+def deploy_candidates(a: Analysis) -> list[tuple[Role, SpecConfig]]:
     """The static winner (when it beats off in the search) and the schedule (when predicted to), as roles."""
-    out: list[tuple[str, SpecConfig]] = []
+    out: list[tuple[Role, SpecConfig]] = []
     win = a.winner()
     if win is not None and not win.spec.is_off and a.speedup(win) > 1 + a.noise:
-        out.append(("winner", win.spec))
+        out.append((Role.WINNER, win.spec))
     elif win is not None and not win.spec.is_off and a.speedup(win) > 1 - 3 * a.noise:
-        out.append(("candidate", win.spec))  # a near miss one noisy run may have misjudged
+        out.append((Role.CANDIDATE, win.spec))
     sched, value, _, _ = a.schedule()
     if sched is not None and value > 1 + a.noise and (win is None or sched.key() != win.spec.key()):
-        out.append(("schedule", sched))
+        out.append((Role.SCHEDULE, sched))
     return out
 
 
-def missing(a: Analysis, records: Sequence[Record], confirm_runs: int) -> list[tuple[str, SpecConfig]]:
+def missing(a: Analysis, records: Sequence[Record], confirm_runs: int) -> list[tuple[Role, SpecConfig]]:
     """The next confirmation runs worth making (first one first); empty when every decision is settled."""
     if confirm_runs <= 0 or not a.has_baseline:
         return []
@@ -93,15 +104,17 @@ def missing(a: Analysis, records: Sequence[Record], confirm_runs: int) -> list[t
     off = SpecConfig()
     baselines = runs_of(records, off)
     pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
-    count = {spec.key(): len(runs_of(records, spec)) + (spec.key() in pending) for _, spec in [*cands, ("", off)]}
-    pairs: list[tuple[tuple[str, SpecConfig], tuple[str, SpecConfig]]] = []
-    static = next((c for c in cands if c[0] != "schedule"), None)
-    sched = next((c for c in cands if c[0] == "schedule"), None)
+    count = {
+        spec.key(): len(runs_of(records, spec)) + (spec.key() in pending) for _, spec in [*cands, (Role.BASELINE, off)]
+    }
+    pairs: list[tuple[tuple[Role, SpecConfig], tuple[Role, SpecConfig]]] = []
+    static = next((c for c in cands if c[0] is not Role.SCHEDULE), None)
+    sched = next((c for c in cands if c[0] is Role.SCHEDULE), None)
     if static is not None:
-        pairs.append((static, ("baseline", off)))
+        pairs.append((static, (Role.BASELINE, off)))
     if sched is not None:
-        pairs.append((sched, static or ("baseline", off)))
-    todo: list[tuple[str, SpecConfig]] = []
+        pairs.append((sched, static or (Role.BASELINE, off)))
+    todo: list[tuple[Role, SpecConfig]] = []
     for (role_a, spec_a), (role_b, spec_b) in pairs:
         na, nb = count[spec_a.key()], count[spec_b.key()]
         if na == 0:
@@ -114,7 +127,7 @@ def missing(a: Analysis, records: Sequence[Record], confirm_runs: int) -> list[t
         if sa > 0 and sb > 0 and abs(math.log(sa / sb)) > 3 * a.noise / math.sqrt(min(na, nb)):
             continue  # settled
         todo.append((role_a, spec_a) if na <= nb else (role_b, spec_b))
-    first: dict[str, tuple[str, SpecConfig]] = {}  # one run per config, its first role
+    first: dict[str, tuple[Role, SpecConfig]] = {}  # one run per config, its first role
     for role, spec in todo:
         if spec.key() not in pending:
             first.setdefault(spec.key(), (role, spec))

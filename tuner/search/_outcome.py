@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from tuner.domain import (
     Engine,
     LevelWinner,
+    Purpose,
     SkippedCandidate,
     SpecConfig,
     Speedup,
@@ -355,7 +356,7 @@ def _arm(spec: SpecConfig) -> str:
 
 
 def _confirm_numbers(records: Sequence[Record]) -> tuple[int, ...]:
-    return tuple(r.number for r in records if r.purpose == "confirm" and r.result is not None)
+    return tuple(r.number for r in records if r.purpose is Purpose.CONFIRM and r.result is not None)
 
 
 def _skipped(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -> tuple[SkippedCandidate, ...]:

@@ -15,6 +15,7 @@ from tuner.domain import (
     ModelRef,
     Objective,
     Proposal,
+    Purpose,
     ServingConfig,
     TrafficRequest,
     TrialResult,
@@ -46,7 +47,7 @@ class TuneReport:
 
     @property
     def search_trials(self) -> int:
-        return sum(1 for p, _ in self.history if p.purpose != "confirm")
+        return sum(1 for p, _ in self.history if p.purpose is not Purpose.CONFIRM)
 
 
 def tune(

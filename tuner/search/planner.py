@@ -383,7 +383,7 @@ class OptunaPlanner:
             dict(t.params),
             user_attrs={
                 "spec": t.user_attrs["spec"],
-                "purpose": t.user_attrs.get("purpose", "search"),
+                "purpose": t.user_attrs.get("purpose", Purpose.SEARCH.value),
                 "retry_of": root,
                 "requeued_because": reason,
             },
@@ -437,7 +437,7 @@ class OptunaPlanner:
         if not todo:
             return None
         role, spec = todo[0]
-        return self._propose(spec, Purpose.CONFIRM, role=role)
+        return self._propose(spec, Purpose.CONFIRM, role=role.value)
 
     def _peek_done(self, records: list[Record]) -> bool:
         if "search_finished" not in self.study.user_attrs:
