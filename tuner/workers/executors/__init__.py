@@ -7,7 +7,7 @@ through :data:`EXECUTORS` (:mod:`.registry`).
 - :class:`RayExecutor`: a Ray cluster, one task per trial asking for ``num_gpus = TP`` and the
   accelerator type of the requested hardware (imported lazily: Ray is an optional dependency).
 
-:mod:`.testing` holds the evaluators and helpers of the contract's test suite (``tests/executors``).
+:mod:`.testing` holds the evaluators and helpers of the contract's test suite (``tests/workers/executors``).
 """
 
 from __future__ import annotations
