@@ -68,6 +68,8 @@ def per_level_winners(a: Analysis, records: Sequence[Record]) -> tuple[LevelWinn
     A per-range answer is a static config: a schedule is measured once or a few times, as a whole, to judge
     the all-ranges answer, and one lucky run of it at a level must not outbid the static configs measured
     and re-measured there (it did, by up to 10% below the level's optimum, on the benchmark's noisy family).
+    Configs are compared on their pooled figures (``Analysis.estimate``: the arm's other depths lend theirs
+    through the model), and the answer's speedup is what its own runs measured.
     """
     stats = a._config_stats(records)
     out = []
@@ -84,11 +86,12 @@ def per_level_winners(a: Analysis, records: Sequence[Record]) -> tuple[LevelWinn
         best = max(s for s, _ in scored)
         # a 1% tie goes to the smaller K (off is K = 0), as in vLLM's tune_speculative_k: cheaper to run and
         # less to lose when acceptance drifts
-        _, _, s, st = min(
-            ((_k_at(a, st.spec, label), st.numbers[0], s, st) for s, st in scored if s >= best / 1.01),
+        _, _, st = min(
+            ((_k_at(a, st.spec, label), st.numbers[0], st) for s, st in scored if s >= best / 1.01),
             key=lambda t: (t[0], t[1]),
         )
-        out.append(LevelWinner(label, st.spec, s, st.numbers[0]))
+        measured = 1.0 if st.spec.is_off else st.per_level()[label]
+        out.append(LevelWinner(label, st.spec, measured, st.numbers[0]))
     return tuple(out)
 
 
