@@ -1,4 +1,5 @@
-"""Test doubles for the edges the service tests do not exercise: a fixed-list planner and a thread executor.
+"""Test doubles for the edges the service tests do not exercise: a fixed-list planner and a thread executor,
+and the job those tests run (``submit``) on a job runner built of the doubles (``runner``).
 
 The real planner (tuner.search) and executors (tuner.workers.executors) have their own tests; these let the
 service's job loop, claim, heartbeat, cancel and recovery be tested on their own.
@@ -6,24 +7,33 @@ service's job loop, claim, heartbeat, cancel and recovery be tested on their own
 
 from __future__ import annotations
 
+import socket
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
+from tuner import tuning
 from tuner.domain import (
     Engine,
     Failure,
     FailureClass,
+    JobSpec,
     LevelResult,
     LevelWinner,
     LoadLevel,
     Method,
+    ModelRef,
     Proposal,
     Reclaimed,
     SpecConfig,
     Speedup,
+    TrafficFormat,
+    TrafficRequest,
     TrialContext,
     TrialProgress,
     TrialResult,
@@ -32,6 +42,8 @@ from tuner.domain import (
     TrialStatus,
     TuneOutcome,
 )
+from tuner.job_runner import JobRunner
+from tuner.store.db import transaction
 
 
 class ListPlanner:
@@ -67,6 +79,12 @@ class ListPlanner:
             # As Optuna: the abandoned trial stays failed; its configuration comes back under a new number.
             self.abandoned.append(number)
             self.queue.append(self.asked.pop(number, self.queue[number]))
+
+    def resume(self, asked: Mapping[int, SpecConfig]) -> None:
+        """As after a runner died: ``asked`` were handed out (and never told); numbering goes on after them."""
+        with self._lock:
+            self.asked.update(asked)
+            self._next = max(self._next, max(asked) + 1)
 
     def pending(self) -> list[Proposal]:
         with self._lock:
@@ -189,3 +207,37 @@ class ThreadExecutor:
 
 
 LEVELS = (LoadLevel(value=1, num_requests=4), LoadLevel(value=8, num_requests=8))
+GHOST = f"ghost@{socket.gethostname()}"  # a dead runner on this host
+SPECS = [SpecConfig(Method.NGRAM, 2), SpecConfig(Method.NGRAM, 4), SpecConfig(Method.EAGLE3, 3, model="d")]
+REQUESTS = [TrafficRequest(TrafficFormat.COMPLETIONS, prompt=f"p{i}", output_tokens=8) for i in range(4)]
+
+
+def submit(factory: sessionmaker[Session], **spec: Any) -> str:
+    """A job on a new sample of REQUESTS: ``org/m`` on the simulated engine at LEVELS unless ``spec`` says else."""
+    with transaction(factory) as s:
+        traffic = tuning.create_traffic(s, REQUESTS)
+        fields: dict[str, Any] = {"model": ModelRef("org/m"), "engine": Engine.SIMULATED, "levels": LEVELS, **spec}
+        job, _ = tuning.submit_job(s, JobSpec(traffic_id=traffic.id, **fields))
+        return job.id
+
+
+def runner(
+    factory: sessionmaker[Session],
+    planner: ListPlanner,
+    evaluator: FakeEvaluator,
+    *,
+    slots: int = 2,
+    reclaims: list[tuple[str, int]] | None = None,
+    stale_after_s: float = 1.0,
+    **kw: Any,
+) -> JobRunner:
+    """A job runner on the doubles: every job gets ``planner``, trials run ``evaluator`` on ``slots`` threads."""
+    return JobRunner(
+        factory,
+        planner_factory=lambda job_id, spec, reqs: planner,
+        executor_factory=lambda spec: ThreadExecutor(evaluator, slots=slots, reclaims=reclaims),
+        heartbeat_s=0.1,
+        stale_after_s=stale_after_s,
+        poll_s=0.05,
+        **kw,
+    )

@@ -179,7 +179,7 @@ def publish(
         w = winners.get(f"c{level}")
         if w is None:
             continue
-        level_spec, speedup, why = _level_answer(outcome, w)
+        level_spec, speedup, why = level_answer(outcome, w)
         trial = None
         if not level_spec.is_off:
             if evidence and level_spec.key() == deployed.key():
@@ -226,12 +226,16 @@ def publish(
     return rows
 
 
-def _level_answer(outcome: TuneOutcome, w: LevelWinner) -> tuple[SpecConfig, Speedup | None, str]:
+def level_answer(outcome: TuneOutcome, w: LevelWinner) -> tuple[SpecConfig, Speedup | None, str]:
     """What to deploy for one concurrency range: the best measured at its level, and how sure we are.
 
     The winner is read from every trial (confirmation runs included). When it is the deployed config, the
     speedup comes from all its runs on fresh servers; otherwise from one search trial, which must beat the baseline
     by more than the noise to be recommended at all.
+
+    Returns the config the range's row recommends (no speculation when nothing beat the baseline beyond the
+    noise), the confirmed speedup (``None`` unless it is the deployed config's, from fresh servers) and the note
+    that says why, as :func:`publish` stores them.
     """
     if w.spec.is_off:
         return SpecConfig(), None, f"No speculation at {w.level}: nothing beat the baseline there."

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine
 
-from tests.fakes import LEVELS, ListPlanner
+from tests.fakes import ListPlanner, submit
 from tuner import tuning
 from tuner.domain import (
     Engine,
@@ -16,28 +16,17 @@ from tuner.domain import (
     Method,
     ModelRef,
     SpecConfig,
-    TrafficFormat,
-    TrafficRequest,
     TrialContext,
     TrialResult,
     TrialSpec,
 )
 from tuner.job_runner import JobRunner
 from tuner.settings import Settings
-from tuner.store.db import make_engine, make_session_factory, transaction
+from tuner.store.db import make_engine, make_session_factory
 from tuner.store.models import JobRow
 from tuner.wiring import claimable_hardware, make_executor, make_runner, optuna_storage_url
 from tuner.workers.executors import LocalExecutor
 from tuner.workers.executors.testing import SleepEvaluator, group_gone, read_records
-
-REQUESTS = [TrafficRequest(TrafficFormat.COMPLETIONS, prompt=f"p{i}", output_tokens=8) for i in range(4)]
-
-
-def submit(factory, **spec) -> str:  # type: ignore[no-untyped-def]
-    with transaction(factory) as s:
-        traffic = tuning.create_traffic(s, REQUESTS)
-        job, _ = tuning.submit_job(s, JobSpec(model=ModelRef("org/m"), traffic_id=traffic.id, levels=LEVELS, **spec))
-        return job.id
 
 
 class HangsWhenSpeculating:
@@ -55,7 +44,7 @@ class HangsWhenSpeculating:
 
 def test_a_hung_trial_is_killed_at_the_jobs_deadline(db_url: str, tmp_path: Path) -> None:
     factory = make_session_factory(make_engine(db_url))
-    job_id = submit(factory, engine=Engine.SIMULATED)
+    job_id = submit(factory)
     rec = tmp_path / "rec"
     rec.mkdir()
     runner = JobRunner(

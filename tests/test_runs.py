@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from tests.fakes import LEVELS, FakeEvaluator, ListPlanner
-from tests.runner.test_job_runner import GHOST, SPECS, submit
+from tests.fakes import GHOST, LEVELS, SPECS, FakeEvaluator, ListPlanner, submit
 from tuner import runs, tuning
 from tuner.domain import (
     FailureClass,
