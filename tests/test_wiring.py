@@ -1,5 +1,7 @@
-"""A finished job's study as a person sees it in optuna-dashboard: found by its name, with each trial's
-per-level figures as user attrs, through a read-only connection (the README's recipe) that cannot delete it.
+"""A job's study as the composition root (tuner/wiring.py) names, resumes and fills it: the study named for its
+job, an older name resumed, and a finished job's study as a person sees it in optuna-dashboard: found by its name,
+with each trial's per-level figures as user attrs (written by tuner/search/storage.py), through a read-only
+connection (the README's recipe) that cannot delete it.
 
 The dashboard runs as the real ``optuna-dashboard`` command on the test database; its JSON API
 (``/api/studies``, ``/api/studies/<id>``: optuna_dashboard/_app.py) is what its pages render.
