@@ -11,7 +11,7 @@ from tuner.domain import FailureClass, Purpose, SpecConfig, TrialResult, TrialSt
 RETRYABLE = {FailureClass.INFRA, FailureClass.CANCELLED}
 MAX_RETRIES = 2
 # close-call repeats in a search: this many times its number of levels (see policy._close_call)
-MAX_SEARCH_REPEATS = 2
+MAX_SEARCH_REPEATS = 1
 SEARCH = (Purpose.BASELINE, Purpose.SEARCH)
 
 
