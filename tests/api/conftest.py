@@ -1,33 +1,20 @@
+"""The API tests' fixtures: settings on the test's database, the app under a test client with tokens (``api``),
+three teams' tokens (``teams``) and the app with its in-process runner (``served``). Plain helpers: support.py."""
+
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-import uvicorn
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from tests.api.support import Api, Teams
 from tuner.api.app import create_app
 from tuner.auth import create_token
 from tuner.settings import Settings
 from tuner.store.db import make_engine, make_session_factory, transaction
 from tuner.wiring import make_runner
-
-
-@dataclass
-class Api:
-    client: TestClient
-    settings: Settings
-    tune: dict[str, str]  # headers of a token with both scopes
-    read: dict[str, str]  # headers of a read-only token
-    tune_only: dict[str, str]
 
 
 @pytest.fixture
@@ -54,24 +41,21 @@ def api(settings: Settings) -> Iterator[Api]:
         )
 
 
-@contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """``app`` behind a real uvicorn server on a free port, in a thread; yields its base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
+@pytest.fixture
+def teams(api: Api) -> Teams:
+    engine = make_engine(api.settings.db_url)
     try:
-        yield f"http://127.0.0.1:{port}"
+        with transaction(make_session_factory(engine)) as s:
+            made = {
+                "alpha": create_token(s, "a", ["tune", "read"], team="alpha"),
+                "alpha_reader": create_token(s, "ar", ["read"], team="alpha"),
+                "beta": create_token(s, "b", ["tune", "read"], team="beta"),
+                "admin": create_token(s, "root", ["admin"], team="ops"),
+            }
     finally:
-        server.should_exit = True
-        thread.join(30)
+        engine.dispose()
+    h = {k: {"Authorization": f"Bearer {v}"} for k, v in made.items()}
+    return Teams(api, h["alpha"], h["alpha_reader"], h["beta"], h["admin"])
 
 
 @pytest.fixture
@@ -85,16 +69,3 @@ def served(db_url: str, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, 
     app = create_app(settings, background=lambda st, f: make_runner(st, f, report=False))
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client, {"Authorization": f"Bearer {token}"}
-
-
-def run_to_end(
-    client: TestClient, auth: dict[str, str], body: dict[str, Any], timeout_s: float = 120
-) -> dict[str, Any]:
-    """POST /tune ``body`` (202) and follow the job until it ends; returns the ended job."""
-    r = client.post("/tune", headers=auth, json=body)
-    assert r.status_code == 202, r.text
-    deadline = time.monotonic() + timeout_s
-    while (job := client.get(r.headers["location"], headers=auth).json())["status"] in ("queued", "running"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
-    return job

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from tests.api.conftest import Api, serve
+from tests.api.support import Api, serve, upload
 from tuner.api.app import create_app
 from tuner.settings import AuthMode, Settings
 
@@ -29,14 +29,8 @@ def _fail_commits(api: Api, exc: Exception) -> Callable[[], None]:
     return lambda: event.remove(factory, "before_commit", boom)
 
 
-def _upload(api: Api) -> str:
-    r = api.client.post("/traffic", content=SAMPLE, headers=api.tune)
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
-
-
 def test_a_failed_commit_is_a_503_and_nothing_is_stored(api: Api) -> None:
-    traffic_id = _upload(api)
+    traffic_id = upload(api, content=SAMPLE)
     lost = psycopg.OperationalError("server closed the connection unexpectedly")  # what a restart looks like
     _fail_commits(api, OperationalError("COMMIT", {}, lost))
 
@@ -52,13 +46,14 @@ def test_a_failed_commit_is_a_503_and_nothing_is_stored(api: Api) -> None:
 
 
 def test_a_failed_commit_is_never_acknowledged(api: Api) -> None:
-    traffic_id = _upload(api)
+    traffic_id = upload(api, content=SAMPLE)
     job = api.client.post(
         "/tune", json={"model": "meta-llama/Llama-3.1-8B-Instruct", "traffic": traffic_id}, headers=api.tune
     )
     assert job.status_code == 202, job.text
     job_id = job.json()["id"]
-    unused = _upload(api)  # a sample a queued job replays cannot be deleted (409): delete one no job uses
+    # a sample a queued job replays cannot be deleted (409): delete one no job uses
+    unused = upload(api, content=SAMPLE)
     undo = _fail_commits(api, IntegrityError("COMMIT", {}, Exception("constraint violated")))
 
     cancel = api.client.post(f"/tune/{job_id}/cancel", headers=api.tune)

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import run_to_end
-from tests.api.test_traffic import sharegpt_subset
+from tests.api.support import run_to_end, sharegpt_subset
 from tuner.demo import LLAMA_8B_CONFIG
 from tuner.settings import Settings
 from tuner.store.db import make_engine, make_session_factory, transaction
@@ -20,22 +19,8 @@ from tuner.wiring import make_runner
 def test_tune_to_recommendation(served: tuple[TestClient, dict[str, str]]) -> None:
     client, auth = served
     sample = client.post("/traffic", content=sharegpt_subset(12), headers=auth).json()
-    job = run_to_end(
-        client,
-        auth,
-        {
-            "model": "meta-llama/Llama-3.1-8B-Instruct",
-            "hf_config": LLAMA_8B_CONFIG,
-            "traffic": sample["id"],
-            "engine": "simulated",
-            "hardware": "mi300x",
-            "concurrency": [1, 64],
-            "num_requests": 16,
-            "budget": {"max_trials": 6},
-            "confirm_runs": 3,
-            "slo": {"p99_tpot_ms": 500},
-        },
-    )
+    fields = {"concurrency": [1, 64], "budget": {"max_trials": 6}, "slo": {"p99_tpot_ms": 500}}
+    job = run_to_end(client, auth, sample["id"], **fields)
     job_url = f"/tune/{job['id']}"
     assert job["status"] == "succeeded", job
     assert job["best"]["simulated"] is True

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from tests.api.conftest import Api
-from tests.api.test_traffic import BENCH
+from tests.api.support import BENCH, Api
 from tuner import model_files
 from tuner.demo import demo_traffic
 from tuner.store.db import make_engine, make_session_factory

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from tests.api.test_teams import Teams, _job, teams  # noqa: F401 - the fixture
+from tests.api.support import Teams, submit_job
 
 
-def test_a_team_lists_its_own_jobs_newest_first_a_page_at_a_time(teams: Teams) -> None:  # noqa: F811
+def test_a_team_lists_its_own_jobs_newest_first_a_page_at_a_time(teams: Teams) -> None:
     c = teams.api.client
-    mine = [_job(teams, teams.alpha)["id"] for _ in range(3)]
-    theirs = _job(teams, teams.beta)["id"]
+    mine = [submit_job(teams, teams.alpha)["id"] for _ in range(3)]
+    theirs = submit_job(teams, teams.beta)["id"]
     assert c.get("/tune").status_code == 401
 
     listed = c.get("/tune", headers=teams.alpha_reader)  # the read scope lists

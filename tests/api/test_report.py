@@ -10,11 +10,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import run_to_end
-from tests.api.test_traffic import sharegpt_subset
+from tests.api.support import run_to_end, sharegpt_subset
 from tests.browser import assert_charts_plot, render
 from tuner.auth import create_token
-from tuner.demo import LLAMA_8B_CONFIG
 from tuner.store.db import make_engine, make_session_factory, transaction
 
 CHARTS = (
@@ -40,19 +38,11 @@ def finished(
     job = run_to_end(
         client,
         auth,
-        {
-            "model": "meta-llama/Llama-3.1-8B-Instruct",
-            "hf_config": LLAMA_8B_CONFIG,
-            "traffic": sample["id"],
-            "engine": "simulated",
-            "hardware": "mi300x",
-            "concurrency": [1, 16, 128],
-            "num_requests": 16,
-            "budget": {"max_trials": 12},
-            "confirm_runs": 3,
-            "slo": {"p99_tpot_ms": 60, "p99_ttft_ms": 3000},
-        },
+        sample["id"],
         timeout_s=180,
+        concurrency=[1, 16, 128],
+        budget={"max_trials": 12},
+        slo={"p99_tpot_ms": 60, "p99_ttft_ms": 3000},
     )
     assert job["status"] == "succeeded", job
     job["other_team"] = {"Authorization": f"Bearer {other}"}

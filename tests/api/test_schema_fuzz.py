@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.api.conftest import serve
+from tests.api.support import serve
 from tuner.api.app import create_app
 from tuner.auth import create_token
 from tuner.settings import Settings

