@@ -175,8 +175,8 @@ def _split_runs(a: Analysis, records: Sequence[Record], budget_left: int) -> Run
     """A third run where two runs of a config that decides something disagree beyond the noise: the
     baseline (every ratio at a level is over it) or a level's best. Two runs ``SPLIT_Z`` noise widths
     apart at a level say one of them was slow (a noisy neighbour, a throttle), not which; the median of
-    three does."""
-    if budget_left <= 0 or _repeats(records) >= MAX_SEARCH_REPEATS * len(a.labels):
+    three does. Not bounded by the close calls' cap: at most one per level's best and the baseline."""
+    if budget_left <= 0:
         return None
     pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
     tops = []
