@@ -39,3 +39,19 @@ def test_every_module_of_tuner_is_in_the_layout() -> None:
 def test_every_path_the_layout_names_exists() -> None:
     for path in re.findall(r"^([\w./-]+/|[\w./-]+\.py)\s", _layout(), re.M):
         assert (ROOT / path).exists(), f"the README's Layout names {path}, which does not exist"
+
+
+def test_the_tests_mirror_the_source_tree() -> None:
+    """tests/test_<module>.py tests tuner/<module>.py and tests/<package>/ tests tuner/<package>/ (docs/testing.md);
+    tests/e2e/ is the whole service, and this file the README."""
+    tests = ROOT / "tests"
+    strays = []
+    for test in sorted(tests.rglob("test_*.py")):
+        folder = test.parent.relative_to(tests)
+        if folder.parts[:1] == ("e2e",) or test == Path(__file__).resolve():
+            continue
+        if not (ROOT / "tuner" / folder).is_dir():
+            strays.append(test.relative_to(ROOT).as_posix())
+        elif folder == Path(".") and not (ROOT / "tuner" / f"{test.stem.removeprefix('test_')}.py").exists():
+            strays.append(test.relative_to(ROOT).as_posix())
+    assert not strays, f"tests that do not mirror a module or package of tuner/: {strays}"
