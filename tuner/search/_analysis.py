@@ -388,7 +388,8 @@ class Analysis:
         )
 
     def speedup(self, st: ConfigStats) -> float:
-        return combine(st.per_level(), self.weights)
+        """The objective from the pooled per-level figures (``estimate``)."""
+        return combine({lb: e.value for lb, e in self.estimate(st).items()}, self.weights)
 
     def ranked(self) -> list[ConfigStats]:
         """Eligible static configs (no schedule), best objective first; off always present once measured."""
