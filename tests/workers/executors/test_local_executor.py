@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tuner.domain import Engine, FailureClass, TrialContext, TrialStatus
+from tuner.domain import Engine, FailureClass, TrialContext, TrialResult, TrialStatus
 from tuner.workers.executors import HardwareMismatch, LocalExecutor
 from tuner.workers.executors.testing import (
     FailingEvaluator,
@@ -20,25 +23,31 @@ from tuner.workers.gpu_lease import GpuLease
 from tuner.workers.hardware import GpuInfo
 
 
-def test_trials_get_disjoint_groups_and_parallelism_is_bounded(tmp_path):
+def _four_gpus(tmp_path: Path, duration_s: float, **kw: Any) -> tuple[LocalExecutor, Path]:
+    """An executor of four MI300X GPUs whose trials sleep ``duration_s``, and the folder they record into."""
     rec = tmp_path / "rec"
     rec.mkdir()
-    ex = LocalExecutor(
-        lambda: SleepEvaluator(0.4, record_dir=str(rec)),
-        gpus=[0, 1, 2, 3],
-        lease_dir=tmp_path / "lease",
-        family="mi300x",
-    )
+    evaluator = lambda: SleepEvaluator(duration_s, record_dir=str(rec))  # noqa: E731 - one per trial
+    return LocalExecutor(evaluator, gpus=[0, 1, 2, 3], lease_dir=tmp_path / "lease", family="mi300x", **kw), rec
+
+
+def _all_succeed(futures: list[Future[TrialResult]]) -> list[TrialResult]:
+    results = [f.result(timeout=60) for f in futures]
+    assert [r.status for r in results] == [TrialStatus.SUCCEEDED] * len(futures)
+    return results
+
+
+def test_trials_get_disjoint_groups_and_parallelism_is_bounded(tmp_path):
+    ex, rec = _four_gpus(tmp_path, 0.4)
     try:
         assert ex.free_slots(1) == 4 and ex.free_slots(2) == 2 and ex.free_slots(8) == 0
         futures = [ex.submit(make_spec(i, tp=2), TrialContext()) for i in range(5)]
         wait_for(lambda: len(read_records(rec, "start")) >= 2, 20, "two trials running")
         assert ex.free_slots(2) == 0
-        results = [f.result(timeout=60) for f in futures]
+        results = _all_succeed(futures)
         assert ex.free_slots(2) == 2
     finally:
         ex.close()
-    assert [r.status for r in results] == [TrialStatus.SUCCEEDED] * 5
     assert {r.hardware for r in results} == {"mi300x"} and all(r.worker for r in results)
     starts = read_records(rec, "start")
     assert len(starts) == 5 and all(len(s["gpu_ids"]) == 2 for s in starts)
@@ -181,24 +190,15 @@ def test_an_auto_trial_is_stamped_with_the_chip_that_ran_it(tmp_path):
 
 
 def test_max_parallel_runs_trials_one_at_a_time(tmp_path):
-    rec = tmp_path / "rec"
-    rec.mkdir()
-    ex = LocalExecutor(
-        lambda: SleepEvaluator(0.3, record_dir=str(rec)),
-        gpus=[0, 1, 2, 3],
-        lease_dir=tmp_path / "lease",
-        family="mi300x",
-        max_parallel=1,
-    )
+    ex, rec = _four_gpus(tmp_path, 0.3, max_parallel=1)
     try:
         assert ex.free_slots(1) == 1
         futures = [ex.submit(make_spec(i), TrialContext()) for i in range(3)]
         assert ex.free_slots(1) == 0
-        results = [f.result(timeout=60) for f in futures]
+        _all_succeed(futures)
         assert ex.free_slots(1) == 1
     finally:
         ex.close()
-    assert [r.status for r in results] == [TrialStatus.SUCCEEDED] * 3
     starts = sorted(read_records(rec, "start"), key=lambda s: s["t"])
     dones = {d["pgid"]: d["t"] for d in read_records(rec, "done")}
     for a, b in zip(starts, starts[1:], strict=False):
