@@ -24,24 +24,19 @@ request), unlike the planner's prior. The request's life is a prefill (stretched
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import math
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from benchmarks.bench_trials import counters, level_result, level_rng, succeeded
 from tuner.domain import (
     Engine,
     Failure,
     FailureClass,
-    LatencyStats,
-    LevelResult,
     LoadLevel,
     Method,
     Proposer,
     SpecConfig,
-    SpecDecodeStats,
     TrialContext,
     TrialResult,
     TrialSpec,
@@ -177,60 +172,16 @@ class PhysicsEngine:
             return TrialResult(TrialStatus.FAILED, Engine.SIMULATED, spec=cfg, failure=failure)
         levels = []
         for level in spec.levels:
-            raw = f"{self.seed}|{cfg.key()}|{level.label}|{call}".encode()
-            rng = random.Random(int.from_bytes(hashlib.sha256(raw).digest()[:8], "big"))
+            rng = level_rng(self.seed, cfg, level, call)
             speed = max(0.5, 1.0 + self.noise * rng.gauss(0.0, 1.0))
             if rng.random() < self.outliers:
                 speed *= rng.uniform(0.8, 0.9)
             c = int(level.value)
             ttft, tpot, tau = self.physics.request_ms(cfg, c)
+            sd = counters(cfg, c, level.num_requests * OUT_TOKENS, rng, self.physics.drafter(cfg), jitter=0.01)
             ttft, tpot = ttft / speed, tpot / speed
-            e2e = ttft + (OUT_TOKENS - 1) * tpot
-            thr = c * OUT_TOKENS * 1000.0 / e2e
-            n = level.num_requests
-            tokens = n * OUT_TOKENS
-            levels.append(
-                LevelResult(
-                    level=level,
-                    num_requests=n,
-                    duration_s=tokens / thr,
-                    output_tokens=tokens,
-                    output_throughput=thr,
-                    request_throughput=thr / OUT_TOKENS,
-                    goodput=thr / OUT_TOKENS,
-                    ttft_ms=LatencyStats(ttft, ttft, 1.3 * ttft, 1.6 * ttft),
-                    tpot_ms=LatencyStats(tpot, tpot, 1.2 * tpot, 1.5 * tpot),
-                    itl_ms=LatencyStats(tpot * tau, tpot * tau, 1.3 * tpot * tau, 2.0 * tpot * tau),
-                    e2e_ms=LatencyStats(e2e, e2e, 1.2 * e2e, 1.5 * e2e),
-                    achieved_concurrency=float(c),
-                    spec_decode=self._counters(cfg, c, tokens, rng),
-                )
-            )
-        return TrialResult(
-            TrialStatus.SUCCEEDED,
-            Engine.SIMULATED,
-            spec=cfg,
-            levels=tuple(levels),
-            reference_outputs=((1, 2, 3),),
-            hardware="physics",
-            vllm_version="physics",
-        )
-
-    def _counters(self, cfg: SpecConfig, c: int, tokens: int, rng: random.Random) -> SpecDecodeStats | None:
-        if cfg.is_off:
-            return None
-        drafter = self.physics.drafter(cfg)
-        assert drafter is not None
-        k = cfg.k_at(c)
-        steps = round(tokens / drafter.tau(k))
-        drafts = round(steps * drafter.proposal_rate * (1 + 0.01 * rng.gauss(0, 1))) if k else 0
-        per, prev = [], drafts
-        for i in range(k):
-            a = drafter.acceptance[min(i, len(drafter.acceptance) - 1)]
-            prev = max(0, min(prev, round(prev * a + math.sqrt(prev * a * (1 - a)) * rng.gauss(0, 1))))
-            per.append(prev)
-        per += [0] * (cfg.num_speculative_tokens - k)
-        return SpecDecodeStats(drafts, drafts * k, sum(per), tuple(per), cfg.num_speculative_tokens, steps)
+            levels.append(level_result(level, ttft=ttft, tpot=tpot, tau=tau, out_tokens=OUT_TOKENS, spec_decode=sd))
+        return succeeded(cfg, levels, "physics")
 
 
 # Acceptance per position (ranges from docs/published-figures.md), not the simulated engine's decay laws.

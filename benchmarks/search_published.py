@@ -9,23 +9,19 @@ engine's formulas. Measurement noise is one speed factor per level and call, ``1
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from benchmarks.bench_trials import counters, level_result, level_rng, succeeded
 from tuner.domain import (
     Engine,
     Failure,
     FailureClass,
-    LatencyStats,
-    LevelResult,
     LoadLevel,
     Method,
     SpecConfig,
-    SpecDecodeStats,
     TrialContext,
     TrialResult,
     TrialSpec,
@@ -101,56 +97,14 @@ class PublishedEngine:
             return TrialResult(TrialStatus.FAILED, Engine.SIMULATED, spec=cfg, failure=failure)
         levels = []
         for level in spec.levels:
-            raw = f"{self.seed}|{cfg.key()}|{level.label}|{call}".encode()
-            rng = random.Random(int.from_bytes(hashlib.sha256(raw).digest()[:8], "big"))
+            rng = level_rng(self.seed, cfg, level, call)
             speed = max(0.5, 1.0 + self.noise * rng.gauss(0.0, 1.0))
             c = int(level.value)
-            thr = self._base_tps(c) * self.expected_speedup(cfg, level) * speed
-            n = level.num_requests
-            tokens = n * _OUT_TOKENS
-            tpot = c * 1000.0 / thr
-            levels.append(
-                LevelResult(
-                    level=level,
-                    num_requests=n,
-                    duration_s=tokens / thr,
-                    output_tokens=tokens,
-                    output_throughput=thr,
-                    request_throughput=thr / _OUT_TOKENS,
-                    goodput=thr / _OUT_TOKENS,
-                    ttft_ms=LatencyStats(tpot, tpot, 1.2 * tpot, 1.5 * tpot),
-                    tpot_ms=LatencyStats(tpot, tpot, 1.2 * tpot, 1.5 * tpot),
-                    itl_ms=LatencyStats(tpot, tpot, 1.3 * tpot, 2.0 * tpot),
-                    e2e_ms=LatencyStats(
-                        tpot * _OUT_TOKENS, tpot * _OUT_TOKENS, 1.2 * tpot * _OUT_TOKENS, 1.5 * tpot * _OUT_TOKENS
-                    ),
-                    spec_decode=self._counters(cfg, c, tokens, rng),
-                )
-            )
-        return TrialResult(
-            TrialStatus.SUCCEEDED,
-            Engine.SIMULATED,
-            spec=cfg,
-            levels=tuple(levels),
-            reference_outputs=((1, 2, 3),),
-            hardware="published",
-            vllm_version="published",
-        )
-
-    def _counters(self, cfg: SpecConfig, c: int, tokens: int, rng: random.Random) -> SpecDecodeStats | None:
-        if cfg.is_off:
-            return None
-        arm = self.arm(cfg)
-        k = cfg.k_at(c)
-        steps = round(tokens / arm.tau(k))
-        drafts = round(steps * arm.proposal_rate * (1 + 0.02 * rng.gauss(0, 1)))
-        per, prev = [], drafts
-        for i in range(k):
-            a = arm.acceptance[min(i, len(arm.acceptance) - 1)]
-            prev = max(0, min(prev, round(prev * a + math.sqrt(prev * a * (1 - a)) * rng.gauss(0, 1))))
-            per.append(prev)
-        per += [0] * (cfg.num_speculative_tokens - k)
-        return SpecDecodeStats(drafts, drafts * k, sum(per), tuple(per), cfg.num_speculative_tokens, steps)
+            tpot = c * 1000.0 / (self._base_tps(c) * self.expected_speedup(cfg, level) * speed)
+            sd = counters(cfg, c, level.num_requests * _OUT_TOKENS, rng, self.arm(cfg), jitter=0.02)
+            # a table has no prefill: the first token costs one step, and tokens arrive one per TPOT
+            levels.append(level_result(level, ttft=tpot, tpot=tpot, tau=1.0, out_tokens=_OUT_TOKENS, spec_decode=sd))
+        return succeeded(cfg, levels, "published")
 
 
 # Acceptance per position: EAGLE-3 roughly flat after a_1 ~0.8; EAGLE-1 lower and decaying; MTP one head
