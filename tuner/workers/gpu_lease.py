@@ -23,6 +23,7 @@ file without a GPU (``trial_record``), so the same reading applies on every node
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -30,7 +31,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,27 +224,20 @@ def left_running(directories: Sequence[str | os.PathLike[str]], job_id: str) -> 
     orphaned: list[int] = []
     held: list[int] = []
     unheld: list[Path] = []
-    for directory in directories:
-        for path in sorted(Path(directory).glob("*.lock")):
-            try:
-                fd = os.open(path, os.O_RDWR)
-            except OSError:
+    with contextlib.closing(_open_leases(directories)) as leases:
+        for path, fd in leases:
+            if _job_of(fd) != job_id:
                 continue
             try:
-                if _job_of(fd) != job_id:
-                    continue
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    held.extend(p for p in _live_pgids(fd) if p not in held)
-                    continue
-                try:
-                    orphaned.extend(p for p in _live_pgids(fd) if p not in orphaned)
-                    unheld.append(path)
-                finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.extend(p for p in _live_pgids(fd) if p not in held)
+                continue
+            try:
+                orphaned.extend(p for p in _live_pgids(fd) if p not in orphaned)
+                unheld.append(path)
             finally:
-                os.close(fd)
+                fcntl.flock(fd, fcntl.LOCK_UN)
     # a group named by a held file too (one file of a TP group) is the live holder's
     return LeftRunning(tuple(p for p in orphaned if p not in held), tuple(held), tuple(unheld))
 
@@ -313,23 +307,32 @@ def _live_pgid(fd: int) -> int | None:
 def held_by_live_holder(lease_dirs: Sequence[str | os.PathLike[str]], pgid: int) -> bool:
     """Whether a lease file naming ``pgid`` is locked right now, i.e. the process that started the group is
     alive and still holds its GPUs (a runner cut off from the database, say). Probed like ``free``."""
-    for directory in lease_dirs:
+    with contextlib.closing(_open_leases(lease_dirs)) as leases:
+        for _, fd in leases:
+            if not any(p == pgid for p, _ in _recorded(fd)):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+def _open_leases(directories: Sequence[str | os.PathLike[str]]) -> Generator[tuple[Path, int], None, None]:
+    """Each lease file (``*.lock``) in ``directories`` that can be opened, with its descriptor; the descriptor
+    is closed when the loop moves on or the generator is closed (callers use ``contextlib.closing``, so an
+    early return closes it too)."""
+    for directory in directories:
         for path in sorted(Path(directory).glob("*.lock")):
             try:
                 fd = os.open(path, os.O_RDWR)
             except OSError:
-                continue
+                continue  # removed since the glob, or not ours to read
             try:
-                if not any(p == pgid for p, _ in _recorded(fd)):
-                    continue
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return True
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                yield path, fd
             finally:
                 os.close(fd)
-    return False
 
 
 def _release(fd: int) -> None:

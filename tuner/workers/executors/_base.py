@@ -7,9 +7,10 @@ import dataclasses
 import logging
 import os
 import socket
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuner.domain import (
     Engine,
@@ -88,6 +89,19 @@ class Executor(ABC, TrialExecutor):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class SubmittedTrial:
+    """A trial an executor has accepted and not yet finished: its key, what it runs on how many GPUs, the
+    future its caller holds, and the executor-side cancel (``close``). Each executor adds its own state."""
+
+    key: str
+    spec: TrialSpec
+    ctx: TrialContext
+    tp: int
+    future: concurrent.futures.Future[TrialResult]
+    kill: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)

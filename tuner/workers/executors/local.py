@@ -29,6 +29,7 @@ from tuner.workers.executors._base import (
     Executor,
     ExecutorClosed,
     HardwareMismatch,
+    SubmittedTrial,
     engine_of,
     failed_result,
     hostname,
@@ -47,14 +48,8 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Trial:
-    key: str
-    spec: TrialSpec
-    ctx: TrialContext
-    tp: int
-    future: concurrent.futures.Future[TrialResult]
-    pgids: list[int] = field(default_factory=list)
-    kill: threading.Event = field(default_factory=threading.Event)  # executor-side cancel (close)
+class _Trial(SubmittedTrial):
+    pgids: list[int] = field(default_factory=list)  # the process groups it started, for close
 
 
 class LocalExecutor(Executor):

@@ -54,6 +54,7 @@ from tuner.workers.executors._base import (
     Executor,
     ExecutorClosed,
     HardwareMismatch,
+    SubmittedTrial,
     failed_result,
     resolved,
     with_origin,
@@ -87,13 +88,7 @@ LOST = (
 
 
 @dataclass
-class _Trial:
-    key: str
-    spec: TrialSpec
-    ctx: TrialContext
-    tp: int
-    future: concurrent.futures.Future[TrialResult]
-    kill: threading.Event = field(default_factory=threading.Event)
+class _Trial(SubmittedTrial):
     types: tuple[str, ...] = ()  # Ray accelerator types this trial may use; () = any GPU node
     family: str | None = None
     started_on: str | None = None  # node id once the current attempt runs
