@@ -22,7 +22,7 @@ from tuner.domain import (
     arm_key,
 )
 from tuner.search._predict import Baseline, Candidate, Estimate, Predictor
-from tuner.search._records import RETRYABLE, SEARCH, ConfigStats, Record
+from tuner.search._records import RETRYABLE, SEARCH, ConfigStats, Record, central
 from tuner.search._space import MethodOptions, SearchSpace
 from tuner.search.compat import BATCH_SCHEDULE
 from tuner.search.cost_model import (
@@ -102,8 +102,13 @@ class Analysis:
             for r in search
             if r.spec is not None and r.result is not None and r.result.status.has_figures()
         }
-        self.noise = noise if noise is not None else self._estimate_noise()
-        self.level_noise = noise if noise is not None else self._estimate_level_noise()
+        if noise is not None:
+            self.noise = self.level_noise = noise
+        else:
+            # every run counts, confirmations too (they re-measure on fresh servers)
+            repeated = [st for st in self._config_stats(self.records).values() if st.runs >= 2]
+            self.noise = self._estimate_noise(repeated)
+            self.level_noise = self._estimate_level_noise(repeated)
         self._estimates: dict[str, dict[str, Estimate]] = {}
         self.prediction_errors = self._prediction_errors()
         self.band, self.arm_bands = self._bands()
@@ -126,10 +131,8 @@ class Analysis:
             if not lrs:
                 continue
             self.baseline[label] = lrs[0]
-            metric = [level_metric(lr, self.objective) for lr in lrs]
-            # the median from three runs on, as for every config (``ConfigStats.per_level``): one slow baseline
-            # run would lift every ratio at the level
-            self.baseline_metric[label] = statistics.median(metric) if len(metric) >= 3 else statistics.fmean(metric)
+            # as every config's figure (``central``): one slow baseline run would lift every ratio at the level
+            self.baseline_metric[label] = central([level_metric(lr, self.objective) for lr in lrs])
             if all(lr.tpot_ms.mean > 0 and lr.request_throughput > 0 for lr in lrs):
                 tpot = statistics.fmean(lr.tpot_ms.mean for lr in lrs)
                 ttft = statistics.fmean(lr.ttft_ms.mean for lr in lrs)
@@ -249,7 +252,7 @@ class Analysis:
                 st.violations.setdefault(label, []).append(slo_violation(lr, self.slo))
         return out
 
-    def _estimate_noise(self) -> float:
+    def _estimate_noise(self, repeated: Sequence[ConfigStats]) -> float:
         """The measured run-to-run noise: pooled relative spread of repeated runs of one configuration.
 
         Every configuration run more than once counts: repeats in the search, and the confirmation runs,
@@ -260,31 +263,23 @@ class Analysis:
         3% (``DEFAULT_NOISE``) until there are at least two repeats to pool.
         """
         devs: list[float] = []
-        for st in self._config_stats(self.records).values():
-            if st.runs < 2:
-                continue
+        for st in repeated:
             per_run = [
                 combine({lb: v[i] for lb, v in st.ratios.items() if len(v) > i}, self.weights) for i in range(st.runs)
             ]
-            logs = [math.log(x) for x in per_run]
-            mean = statistics.fmean(logs)
-            devs.extend((x - mean) ** 2 * st.runs / (st.runs - 1) for x in logs)
+            devs.extend(_deviations([math.log(x) for x in per_run]))
         if len(devs) < 2:
             return DEFAULT_NOISE
         return max(0.01, min(0.2, math.sqrt(statistics.fmean(devs))))
 
-    def _estimate_level_noise(self) -> float:
+    def _estimate_level_noise(self, repeated: Sequence[ConfigStats]) -> float:
         """The run-to-run noise of one level's figure (log scale): pooled over every level of every config run
         more than once, as ``_estimate_noise`` pools the objective. A level's figure is noisier than the
         objective, which averages the levels. ``DEFAULT_NOISE`` until two repeats are in."""
         devs: list[float] = []
-        for st in self._config_stats(self.records).values():
+        for st in repeated:
             for vals in st.ratios.values():
-                if len(vals) < 2:
-                    continue
-                logs = [math.log(v) for v in vals if v > 0]
-                mean = statistics.fmean(logs)
-                devs.extend((x - mean) ** 2 * len(logs) / (len(logs) - 1) for x in logs)
+                devs.extend(_deviations([math.log(v) for v in vals if v > 0]))
         if len(devs) < 2:
             return DEFAULT_NOISE
         # the median squared deviation over that of a normal's (0.455): a slow run among them does not make
@@ -308,6 +303,14 @@ class Analysis:
                     for lb, v in st.per_level().items()
                 }
         return self._estimates[key]
+
+    def level_estimates(self, label: str) -> list[tuple[Estimate, ConfigStats]]:
+        """Every eligible static config measured at ``label``, with its pooled figure there (``estimate``)."""
+        return [
+            (est[label], st)
+            for st in self.stats.values()
+            if st.spec.schedule is None and self.eligible(st) and label in (est := self.estimate(st))
+        ]
 
     def _prediction_errors(self) -> dict[str, list[float]]:
         """The prediction-error log, per arm: for every search trial proposed with a prediction and then
@@ -488,3 +491,12 @@ class Analysis:
         )
         per_level = {label: s for label, (_, s) in picks.items()}
         return spec, combine(per_level, self.weights), per_level, []
+
+
+def _deviations(logs: Sequence[float]) -> list[float]:
+    """Each run's squared deviation from its config's mean (log scale), scaled by n / (n - 1) so their mean is
+    the unbiased variance; nothing from fewer than two runs (a ratio of 0 is no run to compare)."""
+    if len(logs) < 2:
+        return []
+    mean = statistics.fmean(logs)
+    return [(x - mean) ** 2 * len(logs) / (len(logs) - 1) for x in logs]

@@ -21,7 +21,7 @@ from enum import StrEnum
 
 from tuner.domain import Purpose, SpecConfig, TrialResult, TrialStatus
 from tuner.search._analysis import Analysis
-from tuner.search._records import Record
+from tuner.search._records import Record, pending_keys
 from tuner.search.objective import combine, level_metric
 
 
@@ -103,7 +103,7 @@ def missing(a: Analysis, records: Sequence[Record], confirm_runs: int) -> list[t
         return []
     off = SpecConfig()
     baselines = runs_of(records, off)
-    pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
+    pending = pending_keys(records)
     count = {
         spec.key(): len(runs_of(records, spec)) + (spec.key() in pending) for _, spec in [*cands, (Role.BASELINE, off)]
     }

@@ -19,7 +19,7 @@ from tuner.domain import (
 )
 from tuner.search import _confirm
 from tuner.search._analysis import Analysis
-from tuner.search._records import ConfigStats, Record
+from tuner.search._records import ConfigStats, Record, pending_keys
 from tuner.search._space import SearchSpace
 from tuner.search.objective import combine, level_metric
 
@@ -365,7 +365,7 @@ def _confirm_numbers(records: Sequence[Record]) -> tuple[int, ...]:
 def _skipped(ctx: OutcomeContext, a: Analysis, records: Sequence[Record]) -> tuple[SkippedCandidate, ...]:
     """Every configuration of the space that was never run, with its prediction and the reason."""
     out: list[SkippedCandidate] = []
-    pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
+    pending = pending_keys(records)
     inc = a.incumbent()
     inc_s = a.speedup(inc) if inc is not None else 1.0
     threshold = a.threshold()

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tuner.domain import Objective, Proposer, SpecConfig, TrialResult
-from tuner.search._records import ConfigStats
+from tuner.search._records import ConfigStats, central
 from tuner.search._space import MethodOptions, SearchSpace
 from tuner.search.cost_model import (
     StepModel,
@@ -412,9 +412,7 @@ class Predictor:
                     px, py = curves[dx].get(label, 0.0), curves[dy].get(label, 0.0)
                     if not vx or not vy or px <= 0 or py <= 0:
                         continue
-                    mx = statistics.median(vx) if len(vx) >= 3 else statistics.fmean(vx)
-                    my = statistics.median(vy) if len(vy) >= 3 else statistics.fmean(vy)
-                    e = math.log(mx / my) - math.log(px / py)
+                    e = math.log(central(vx) / central(vy)) - math.log(px / py)
                     num += max(0.0, e * e - noise * noise * (1 / len(vx) + 1 / len(vy)))
                     den += (dx - dy) ** 2
         return math.sqrt(num / den)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tuner.domain import FailureClass, Purpose, SpecConfig, TrialResult, TrialStatus
@@ -13,6 +14,17 @@ MAX_RETRIES = 2
 # close-call repeats in a search: this many times its number of levels (see policy._close_call)
 MAX_SEARCH_REPEATS = 1
 SEARCH = (Purpose.BASELINE, Purpose.SEARCH)
+
+
+def central(values: Sequence[float]) -> float:
+    """One figure from a config's runs: their mean, their median from three runs on (one slow run, a noisy
+    neighbour or a throttle, must not decide)."""
+    return statistics.median(values) if len(values) >= 3 else statistics.fmean(values)
+
+
+def pending_keys(records: Iterable[Record]) -> set[str]:
+    """The configs with a trial proposed or running and not yet reported."""
+    return {r.spec.key() for r in records if r.pending and r.spec is not None}
 
 
 @dataclass
@@ -63,11 +75,8 @@ class ConfigStats:
     diverged: bool = False
 
     def per_level(self) -> dict[str, float]:
-        """Each level's ratio to the baseline: the mean of the runs, their median from three runs on (one slow
-        run, a noisy neighbour or a throttle, must not decide)."""
-        return {
-            label: statistics.median(v) if len(v) >= 3 else statistics.fmean(v) for label, v in self.ratios.items() if v
-        }
+        """Each level's ratio to the baseline, from its runs (``central``)."""
+        return {label: central(v) for label, v in self.ratios.items() if v}
 
     @property
     def runs(self) -> int:

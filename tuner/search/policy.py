@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from tuner.domain import Method, SpecConfig
 from tuner.search._analysis import Analysis
 from tuner.search._predict import Candidate, diff_var
-from tuner.search._records import MAX_SEARCH_REPEATS, SEARCH, Record
+from tuner.search._records import MAX_SEARCH_REPEATS, SEARCH, Record, pending_keys
 
 # Two configs within 1% of each other at a level are a tie (vLLM's tune_speculative_k breaks it toward the
 # smaller K): a candidate is worth a launch only if it may beat the level's best by more than that.
 TIE = 0.01
 # A close call at a level (see ``_close_call``): the answer should be within HIT of the level's best, and
-# two configs are told apart once their means differ by CLOSE_Z noise widths; MAX_RUNS runs of a config
-# at most (vLLM's tune_speculative_k measures each point three times).
+# two configs are told apart once their figures differ by CLOSE_Z standard errors of their difference;
+# MAX_RUNS runs of a config at most (vLLM's tune_speculative_k measures each point three times).
 HIT = 0.02
 CLOSE_Z = 2.0
 # two runs of a config this many noise widths apart at a level: one of them was slow (``_split_runs``)
@@ -83,7 +83,7 @@ def next_search(
         return Stop(f"budget: {budget_left + _launched(records)} trials run")
     if out_of_time:
         return Stop(out_of_time)
-    pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
+    pending = pending_keys(records)
     cands = a.candidates(pending)
     probe = _probe(a, cands, records)
     if probe is not None:
@@ -178,18 +178,14 @@ def _split_runs(a: Analysis, records: Sequence[Record], budget_left: int) -> Run
     three does. Not bounded by the close calls' cap: at most one per level's best and the baseline."""
     if budget_left <= 0:
         return None
-    pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
+    pending = pending_keys(records)
     tops = []
     for label in a.labels:
         if label in a.undecided:
             continue
-        scored = [
-            (est[label].value, st)
-            for st in a.stats.values()
-            if st.spec.schedule is None and a.eligible(st) and label in (est := a.estimate(st))
-        ]
+        scored = a.level_estimates(label)
         if scored:
-            tops.append(max(scored, key=lambda t: t[0])[1])
+            tops.append(max(scored, key=lambda t: t[0].value)[1])
     off = next((st for st in a.stats.values() if st.spec.is_off), None)
     width = SPLIT_Z * a.level_noise * math.sqrt(2)
     for st in ([off] if off is not None else []) + tops:
@@ -219,24 +215,20 @@ def _repeats(records: Sequence[Record]) -> int:
 
 def _close_call(a: Analysis, records: Sequence[Record], budget_left: int) -> Run | None:
     """Re-measure where one noisy run may have picked a level's answer: at a level, the best measured config
-    and another eligible one whose difference is within ``CLOSE_Z`` noise widths of their means' difference
-    (``noise * sqrt(1/n_a + 1/n_b)``) while the other may still be better by more than ``HIT`` (so a true
-    tie does not count). The side with fewer runs runs again (off too: its runs are the baseline's); the
+    and another eligible one whose pooled figures are within ``CLOSE_Z`` standard errors of their difference
+    (``diff_var``: two depths of one arm share runs) while the other may still be better by more than ``HIT``
+    (so a true tie does not count). The less certain side runs again (off too: its runs are the baseline's); the
     config in the most such calls, by level weight, first. At most ``MAX_RUNS`` runs of a config, and
     ``MAX_SEARCH_REPEATS`` times the number of levels repeats in a search."""
     if budget_left <= 0 or _repeats(records) >= MAX_SEARCH_REPEATS * len(a.labels):
         return None
-    pending = {r.spec.key() for r in records if r.pending and r.spec is not None}
+    pending = pending_keys(records)
     score: dict[str, float] = {}
     by_key = {st.spec.key(): st for st in a.stats.values()}
     for label in a.labels:
         if label in a.undecided:
             continue
-        scored = [
-            (est[label], st)
-            for st in a.stats.values()
-            if st.spec.schedule is None and a.eligible(st) and label in (est := a.estimate(st))
-        ]
+        scored = a.level_estimates(label)
         if len(scored) < 2:
             continue
         best, top = max(scored, key=lambda t: t[0].value)
