@@ -79,7 +79,7 @@ def test_a_planner_on_a_database_writes_a_result_and_its_figures_in_one_call(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests.search.fake_engine import FakeEngine
-    from tests.search.test_planner import LEVELS, space
+    from tests.search.support import LEVELS, space
     from tuner.domain import ModelRef, TrialSpec
     from tuner.search import OptunaPlanner
     from tuner.search.storage import RetryingRDBStorage

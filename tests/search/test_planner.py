@@ -7,38 +7,10 @@ import dataclasses
 import optuna
 import pytest
 
-from tests.search.fake_engine import FakeEngine, levels
+from tests.search.fake_engine import FakeEngine
+from tests.search.support import LEVELS, run, space
 from tuner.domain import SLO, Budget, FailureClass, Method, ModelRef, SpecConfig, TrialSpec, TrialStatus
-from tuner.search import OptunaPlanner, build_space
-
-LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256}
-LEVELS = levels(1, 8, 32, 128)
-
-
-def space(methods=(Method.EAGLE3, Method.NGRAM)):
-    return build_space(
-        "m",
-        LLAMA,
-        hardware="h100",
-        vllm_version="0.34.0",
-        methods=list(methods),
-        drafts={Method.EAGLE3: ["d/eagle3"]},
-        ngram_lookups=[(2, 4)],
-    )
-
-
-def run(planner: OptunaPlanner, engine: FakeEngine, limit: int = 200):
-    history = []
-    ref = None
-    for _ in range(limit):
-        p = planner.ask()
-        if p is None:
-            break
-        r = engine(TrialSpec(model=ModelRef("m"), spec=p.spec, levels=LEVELS, requests=(), reference_outputs=ref))
-        ref = ref or r.reference_outputs
-        planner.tell(p.number, r)
-        history.append((p, r))
-    return history
+from tuner.search import OptunaPlanner
 
 
 def test_baseline_first_then_probes_then_confirmations():

@@ -7,7 +7,7 @@ import dataclasses
 import math
 
 from tests.search.fake_engine import FakeEngine
-from tests.search.test_planner import LEVELS, run, space
+from tests.search.support import LEVELS, run, space
 from tuner.domain import Budget, LoadLevel, Method, SpecConfig, TrialContext, TrialResult, TrialSpec
 from tuner.search import OptunaPlanner
 from tuner.search._predict import Estimate, diff_var
