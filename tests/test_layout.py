@@ -1,4 +1,5 @@
-"""The README's "Layout" names every module and package of ``tuner/`` and nothing that does not exist."""
+"""The README's "Layout" names every module and package of ``tuner/`` and nothing that does not exist; the tests
+mirror ``tuner/`` and share code only through conftest files and helper modules (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,15 @@ def test_the_tests_mirror_the_source_tree() -> None:
         elif folder == Path(".") and not (ROOT / "tuner" / f"{test.stem.removeprefix('test_')}.py").exists():
             strays.append(test.relative_to(ROOT).as_posix())
     assert not strays, f"tests that do not mirror a module or package of tuner/: {strays}"
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in conftest fixtures and plain helper modules (docs/testing.md), never in
+    another test module: importing one runs its module body and ties two tests' files together."""
+    imports = re.compile(r"^\s*(?:from|import)\s+(?:tests\.)?(?:[\w.]+\.)?(test_\w+)\b", re.M)
+    offenders = [
+        f"{test.relative_to(ROOT).as_posix()} imports {name}"
+        for test in sorted((ROOT / "tests").rglob("*.py"))
+        for name in imports.findall(test.read_text())
+    ]
+    assert not offenders, offenders
